@@ -1,0 +1,96 @@
+"""The captured tables of a pipeline: config entries (and include patterns) resolved to topics and paths."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from cdc_assets.config import ConfigError, ConnectorConfig, PipelineConfig, TableConfig
+from cdc_assets.io.delta import DeltaTarget
+
+
+@dataclass(frozen=True)
+class CapturedTable:
+    """One captured table (Debezium: data collection) with everything a micro-batch needs."""
+
+    connector: str
+    kind: str
+    topic_prefix: str
+    name: str
+    topic: str
+    target: DeltaTarget
+    key_columns: tuple[str, ...] | None = None
+    columns: dict[str, str] | None = None
+
+    @property
+    def asset_key_path(self) -> list[str]:
+        """``[topic.prefix, schema, table]`` (or ``[topic.prefix, table]``)."""
+        return [self.topic_prefix, *self.name.split(".")]
+
+    @property
+    def app_id(self) -> str:
+        """The Delta app-transaction id under which this table's offsets are committed."""
+        return f"cdc_assets:{self.topic}"
+
+
+def _is_url(path: str) -> bool:
+    return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", path))
+
+
+def _table_path(root: str, connector: ConnectorConfig, table: TableConfig, source: str) -> str:
+    default = posixpath.join(root, connector.topic_prefix, *table.name.split("."))
+    if table.path is None:
+        return default
+    path = table.path if (_is_url(table.path) or table.path.startswith("/")) else posixpath.join(root, table.path)
+    normalized = posixpath.normpath(path) if not _is_url(path) else path
+    root_normalized = posixpath.normpath(root) if not _is_url(root) else root.rstrip("/")
+    if not (normalized == root_normalized or normalized.startswith(root_normalized.rstrip("/") + "/")):
+        raise ConfigError(
+            f"{source}: table '{connector.name}/{table.name}': path '{table.path}' is outside the Delta root "
+            f"'{root}'; keep table paths under the root")
+    return normalized
+
+
+def resolve_tables(config: PipelineConfig, list_topics: Callable[[], Iterable[str]] | None = None,
+                   source: str = "<config>") -> list[CapturedTable]:
+    """All captured tables: those listed, plus topics matching include patterns.
+
+    ``list_topics`` is only called when a connector has include patterns; it returns the broker's
+    topic names (``<topic.prefix>.<schema>.<table>``).
+    """
+    tables: list[CapturedTable] = []
+    topics: list[str] | None = None
+    for connector in config.connectors:
+        entries = list(connector.tables)
+        listed = {table.name for table in entries}
+        if connector.include:
+            if list_topics is None:
+                raise ConfigError(f"{source}: connector '{connector.name}' uses include patterns, which need "
+                                  "the broker's topic list")
+            if topics is None:
+                topics = sorted(list_topics())
+            prefix = connector.topic_prefix + "."
+            for topic in topics:
+                if not topic.startswith(prefix) or topic.endswith(".transaction"):
+                    continue
+                name = topic[len(prefix):]
+                if name not in listed and any(re.fullmatch(p, name) for p in connector.include):
+                    entries.append(TableConfig(name=name))
+                    listed.add(name)
+        for table in entries:
+            tables.append(
+                CapturedTable(
+                    connector=connector.name,
+                    kind=connector.kind,
+                    topic_prefix=connector.topic_prefix,
+                    name=table.name,
+                    topic=table.topic or f"{connector.topic_prefix}.{table.name}",
+                    target=DeltaTarget(_table_path(config.delta.root, connector, table, source),
+                                       dict(config.delta.storage_options)),
+                    key_columns=tuple(table.key_columns) if table.key_columns else None,
+                    columns=dict(table.columns) if table.columns else None,
+                )
+            )
+    return tables

@@ -1,0 +1,239 @@
+"""The pipeline configuration: one YAML file a person writes, validated on load.
+
+The file is named by the environment variable ``CDC_ASSETS_CONFIG`` (default: the bundled demo
+config). String values may use ``${VAR}`` or ``${VAR:-default}`` to take non-secret settings from
+the environment; secrets are never written inline but named by ``*_env`` fields, which the Dagster
+resources read through ``EnvVar`` so they never reach logs or run config.
+
+Every validation error names the file, the line and the field that is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+CONFIG_ENV_VAR = "CDC_ASSETS_CONFIG"
+DEMO_CONFIG_PATH = Path(__file__).parent / "demo" / "pipeline.yaml"
+
+ConnectorKind = Literal["postgresql", "sqlserver", "db2", "mongodb", "mysql", "oracle"]
+WriterName = Literal["auto", "delta-rs", "delta-spark"]
+
+# librdkafka settings that carry secrets: they must come from the environment (the *_env fields).
+_SECRET_SETTING = re.compile(r"(password|secret|\.pem$|sasl\.jaas|token)", re.IGNORECASE)
+_ENV_REFERENCE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
+_IDENTIFIER_PART = r"[^.\s]+"
+_TABLE_NAME = re.compile(rf"^{_IDENTIFIER_PART}(\.{_IDENTIFIER_PART})?$")
+
+
+class ConfigError(ValueError):
+    """The pipeline config is not valid; the message names file, line and field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaConfig(_Model):
+    """How to reach the brokers. Secrets are named by environment variable, never inline."""
+
+    bootstrap_servers: str
+    group_id: str = "cdc-assets"
+    security_protocol: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_username_env: str | None = None
+    sasl_password_env: str | None = None
+    ssl_ca_location: str | None = None
+    ssl_key_password_env: str | None = None
+    settings: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("settings")
+    @classmethod
+    def _no_inline_secrets(cls, settings: dict[str, str]) -> dict[str, str]:
+        for name in settings:
+            if _SECRET_SETTING.search(name):
+                raise ValueError(
+                    f"'{name}' carries a secret: set it through an environment variable "
+                    "(sasl_password_env, ssl_key_password_env), never inline"
+                )
+        return settings
+
+
+class SparkConfig(_Model):
+    """Where Spark runs: local JVM Spark (default), a cluster master URL or a Spark Connect URL."""
+
+    master: str = "local[*]"
+    remote: str | None = Field(default=None, description="Spark Connect URL, e.g. sc://host:15002")
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class DeltaConfig(_Model):
+    """Where the Delta tables live and which writer commits to them."""
+
+    root: str
+    writer: WriterName = "auto"
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+
+class BatchLimits(_Model):
+    """Bounds of one micro-batch of one table."""
+
+    max_records: int = Field(default=100_000, gt=0)
+    max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
+    poll_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class TableConfig(_Model):
+    """One captured table (Debezium: data collection), named ``schema.table``."""
+
+    name: str
+    key_columns: list[str] | None = None
+    columns: dict[str, str] | None = Field(
+        default=None, description="column -> Spark SQL type, used when events carry no schema"
+    )
+    path: str | None = None
+    topic: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _schema_dot_table(cls, name: str) -> str:
+        if not _TABLE_NAME.match(name):
+            raise ValueError(f"table name '{name}' must be '<schema>.<table>' (or '<table>')")
+        return name
+
+    @field_validator("key_columns")
+    @classmethod
+    def _non_empty_keys(cls, keys: list[str] | None) -> list[str] | None:
+        if keys is not None and not keys:
+            raise ValueError("key_columns must name at least one column")
+        return keys
+
+
+class ConnectorConfig(_Model):
+    """One Debezium connector: its kind, ``topic.prefix`` and captured tables."""
+
+    name: str
+    kind: ConnectorKind
+    topic_prefix: str = Field(alias="topic.prefix")
+    tables: list[TableConfig] = Field(default_factory=list)
+    include: list[str] = Field(default_factory=list, description="regexes over '<schema>.<table>'")
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("include")
+    @classmethod
+    def _valid_regexes(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"include pattern '{pattern}' is not a valid regex: {exc}") from exc
+        return patterns
+
+    @model_validator(mode="after")
+    def _captures_something(self) -> ConnectorConfig:
+        if not self.tables and not self.include:
+            raise ValueError(f"connector '{self.name}' names no tables and no include patterns")
+        names = [table.name for table in self.tables]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"connector '{self.name}' lists tables more than once: {duplicates}")
+        return self
+
+
+class PipelineConfig(_Model):
+    """The whole pipeline: Kafka, Spark, Delta, batch limits and connectors."""
+
+    kafka: KafkaConfig
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    delta: DeltaConfig
+    batch: BatchLimits = Field(default_factory=BatchLimits)
+    connectors: list[ConnectorConfig]
+
+    @model_validator(mode="after")
+    def _unique_connectors(self) -> PipelineConfig:
+        names = [connector.name for connector in self.connectors]
+        if len(set(names)) != len(names):
+            raise ValueError(f"connector names must be unique, got {names}")
+        prefixes = [connector.topic_prefix for connector in self.connectors]
+        if len(set(prefixes)) != len(prefixes):
+            raise ValueError(f"topic.prefix values must be unique, got {prefixes}")
+        return self
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> PipelineConfig:
+    """Load and validate the pipeline config (``path``, else ``$CDC_ASSETS_CONFIG``, else the demo)."""
+    config_path = Path(path or os.environ.get(CONFIG_ENV_VAR) or DEMO_CONFIG_PATH)
+    try:
+        text = config_path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{config_path}: cannot read the pipeline config: {exc}") from exc
+    return parse_config(text, source=str(config_path))
+
+
+def parse_config(text: str, source: str = "<config>") -> PipelineConfig:
+    """Validate config text; errors name ``source``, the line and the field."""
+    try:
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the pipeline config must be a mapping with kafka, delta, connectors")
+    try:
+        data = _interpolate_env(data)
+    except KeyError as exc:
+        raise ConfigError(f"{source}: {exc.args[0]}") from exc
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            location = list(error["loc"])
+            line = _line_of(root, location)
+            field = ".".join(str(part) for part in location) or "(top level)"
+            where = f"line {line}" if line else "?"
+            problems.append(f"{source}:{where}: {field}: {error['msg']}")
+        raise ConfigError("invalid pipeline config:\n  " + "\n  ".join(problems)) from None
+
+
+def _interpolate_env(value: Any) -> Any:
+    if isinstance(value, str):
+
+        def substitute(match: re.Match[str]) -> str:
+            name, default = match.group("name"), match.group("default")
+            if name in os.environ:
+                return os.environ[name]
+            if default is None:
+                raise KeyError(f"environment variable {name} is not set (referenced as ${{{name}}})")
+            return default
+
+        return _ENV_REFERENCE.sub(substitute, value)
+    if isinstance(value, Mapping):
+        return {key: _interpolate_env(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_interpolate_env(item) for item in value]
+    return value
+
+
+def _line_of(node: yaml.Node | None, location: list[Any]) -> int | None:
+    """1-based line of the deepest YAML node along a pydantic error location."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in location:
+        if isinstance(node, yaml.MappingNode):
+            child = next((value for key, value in node.value if key.value == str(part)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            child = node.value[part]
+        else:
+            child = None
+        if child is None:
+            break
+        node = child
+        line = node.start_mark.line + 1
+    return line

@@ -1,0 +1,149 @@
+"""Decoding Debezium change events (key + envelope) into typed rows, as Spark column logic.
+
+Input: a DataFrame of raw Kafka records ``partition, offset, key, value`` (binary, tombstones
+already removed). Output: one row per event with the table's columns, the hidden ``_cdc_*``
+columns, the Kafka coordinates and ``_cdc_error``: the reason an event cannot be applied, or null.
+
+Values are accepted with or without the JSON converter's ``schema``/``payload`` wrapper, decided
+per event. Row columns are read as JSON text and then cast, so numbers sent as strings
+(``"pk": "1"``) and ISO timestamps parse, and a value that does not fit its type is reported
+instead of silently becoming null.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from cdc_assets.core.layout import (
+    MONGODB_DOCUMENT_COLUMN,
+    OP_COLUMN,
+    POSITION_COLUMN,
+    SOURCE_TS_COLUMN,
+    ChangeEventLayout,
+)
+from cdc_assets.core.position import event_position
+
+PARTITION_COLUMN = "_kafka_partition"
+OFFSET_COLUMN = "_kafka_offset"
+ERROR_COLUMN = "_cdc_error"
+SNAPSHOT_COLUMN = "_cdc_snapshot"
+KNOWN_OPS = ("c", "u", "d", "r")
+
+SOURCE_TYPE = T.StructType(
+    [
+        T.StructField(name, T.StringType())
+        for name in (
+            "version", "connector", "name", "ts_ms", "snapshot", "db", "schema", "table",
+            "lsn", "sequence", "txId", "commit_lsn", "change_lsn", "event_serial_no",
+            "rs", "collection", "ord", "file", "pos", "row", "scn", "commit_scn",
+        )
+    ]
+)
+TRANSACTION_TYPE = T.StructType(
+    [T.StructField(name, T.StringType()) for name in ("id", "total_order", "data_collection_order")]
+)
+
+
+def _is_primitive(data_type: T.DataType) -> bool:
+    return not isinstance(data_type, (T.StructType, T.ArrayType, T.MapType))
+
+
+def _as_parsed(row_type: T.StructType) -> T.StructType:
+    """The row type as ``from_json`` reads it: primitives as JSON text, nested types as themselves."""
+    return T.StructType(
+        [T.StructField(f.name, T.StringType() if _is_primitive(f.dataType) else f.dataType) for f in row_type.fields]
+    )
+
+
+def envelope_type(layout: ChangeEventLayout) -> T.StructType:
+    """The Spark type an envelope parses as, for this table's layout."""
+    image: T.DataType = T.StringType() if layout.kind == "mongodb" else _as_parsed(layout.row_type)
+    return T.StructType(
+        [
+            T.StructField("before", image),
+            T.StructField("after", image),
+            T.StructField("op", T.StringType()),
+            T.StructField("ts_ms", T.StringType()),
+            T.StructField("source", SOURCE_TYPE),
+            T.StructField("transaction", TRANSACTION_TYPE),
+            T.StructField("patch", T.StringType()),
+            T.StructField("filter", T.StringType()),
+        ]
+    )
+
+
+def _unwrap(text: Column, body: T.StructType) -> Column:
+    """Parse JSON that is either ``body`` itself or ``{"schema": ..., "payload": body}``."""
+    parsed = F.from_json(text, T.StructType([T.StructField("payload", body), *body.fields]))
+    bare = F.struct(*[parsed[field.name].alias(field.name) for field in body.fields])
+    return F.when(parsed["payload"].isNotNull(), parsed["payload"]).otherwise(F.when(parsed.isNotNull(), bare))
+
+
+def _typed(text: Column, data_type: T.DataType) -> Column:
+    return text.try_cast(data_type) if _is_primitive(data_type) else text
+
+
+def decode_change_events(raw: DataFrame, layout: ChangeEventLayout) -> DataFrame:
+    """Decode raw records into one typed row per change event, with ``_cdc_error`` per event."""
+    envelope = _unwrap(F.col("value").cast("string"), envelope_type(layout))
+    key = _unwrap(F.col("key").cast("string"), _as_parsed(layout.key_type))
+    events = raw.select(
+        F.col("partition").alias(PARTITION_COLUMN),
+        F.col("offset").alias(OFFSET_COLUMN),
+        envelope.alias("_envelope"),
+        key.alias("_key"),
+    )
+    env = F.col("_envelope")
+    op = env["op"]
+    image = F.when(op == "d", env["before"]).otherwise(env["after"])
+
+    columns: dict[str, Column] = {}
+    typed_failures: list[Column] = []
+    if layout.kind == "mongodb":
+        columns[MONGODB_DOCUMENT_COLUMN] = F.when(op != "d", env["after"])
+    else:
+        for field in layout.row_type.fields:
+            text = image[field.name]
+            value = _typed(text, field.dataType)
+            columns[field.name] = value
+            if _is_primitive(field.dataType):
+                typed_failures.append(
+                    F.when(text.isNotNull() & value.isNull(),
+                           F.lit(f"column '{field.name}' value does not fit type {field.dataType.simpleString()}"))
+                )
+    key_fields = {field.name: field.dataType for field in layout.key_type.fields}
+    for name, data_type in key_fields.items():
+        from_image = image[name] if layout.kind != "mongodb" else F.lit(None)
+        columns[name] = F.coalesce(_typed(F.col("_key")[name], data_type), _typed(from_image, data_type))
+
+    missing_key = F.lit(False)
+    for name in layout.key_columns:
+        missing_key = missing_key | columns[name].isNull()
+    needs_after = op.isin("c", "u", "r") & env["after"].isNull()
+    after_problem = (
+        F.when(env["patch"].isNotNull(),
+               F.lit("op 'u' carries only a MongoDB patch; applying patches is not supported yet"))
+        .otherwise(F.concat(F.lit("op '"), op, F.lit("' has no after image")))
+    )
+    error = (
+        F.when(env.isNull(), F.lit("value is not a JSON object"))
+        .when(op.isNull(), F.lit("envelope has no 'op' field"))
+        .when(~op.isin(*KNOWN_OPS), F.concat(F.lit("unknown op '"), op, F.lit("'")))
+        .when(missing_key, F.lit(f"cannot extract key column(s) {list(layout.key_columns)} "
+                                 "from the record key or the row image"))
+        .when(needs_after, after_problem)
+        .otherwise(F.coalesce(*typed_failures) if typed_failures else F.lit(None).cast("string"))
+    )
+    source = env["source"]
+    return events.select(
+        F.col(PARTITION_COLUMN),
+        F.col(OFFSET_COLUMN),
+        *[column.alias(name) for name, column in columns.items()],
+        op.alias(OP_COLUMN),
+        event_position(source, layout.kind, F.col(PARTITION_COLUMN), F.col(OFFSET_COLUMN)).alias(POSITION_COLUMN),
+        F.timestamp_millis(source["ts_ms"].try_cast("long")).alias(SOURCE_TS_COLUMN),
+        F.lower(source["snapshot"]).alias(SNAPSHOT_COLUMN),
+        error.alias(ERROR_COLUMN),
+    )

@@ -1,0 +1,224 @@
+"""The shape of one captured table's change events: key columns, row type, connector kind.
+
+A layout is derived once per micro-batch from what the events say about themselves (the Kafka
+Connect schema when the JSON converter sends ``schemas.enable=true``), else from the configured
+columns, else from the Delta table and a sample of the events. Everything here is plain Python
+plus Spark *types*; no session is needed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import types as T
+
+# Hidden columns every target row carries (documented in the README).
+OP_COLUMN = "_cdc_op"
+POSITION_COLUMN = "_cdc_position"
+SOURCE_TS_COLUMN = "_cdc_source_ts"
+HIDDEN_COLUMNS: tuple[str, ...] = (OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN)
+HIDDEN_FIELDS: tuple[T.StructField, ...] = (
+    T.StructField(OP_COLUMN, T.StringType()),
+    T.StructField(POSITION_COLUMN, T.StringType()),
+    T.StructField(SOURCE_TS_COLUMN, T.TimestampType()),
+)
+
+# MongoDB rows: the document id (canonical extended JSON of `_id`, from the record key) and the
+# whole document as extended JSON.
+MONGODB_ID_COLUMN = "id"
+MONGODB_DOCUMENT_COLUMN = "document"
+
+_CONNECT_PRIMITIVES: dict[str, T.DataType] = {
+    "int8": T.ByteType(),
+    "int16": T.ShortType(),
+    "int32": T.IntegerType(),
+    "int64": T.LongType(),
+    "float32": T.FloatType(),
+    "float64": T.DoubleType(),
+    "boolean": T.BooleanType(),
+    "string": T.StringType(),
+}
+
+
+class LayoutError(ValueError):
+    """The events of a table do not say enough to build its layout."""
+
+
+@dataclass(frozen=True)
+class ChangeEventLayout:
+    """How to read one table's events: connector kind, key columns and row type."""
+
+    kind: str
+    key_columns: tuple[str, ...]
+    row_type: T.StructType
+
+    @property
+    def key_type(self) -> T.StructType:
+        by_name = {field.name: field for field in self.row_type.fields}
+        return T.StructType([by_name.get(name, T.StructField(name, T.StringType())) for name in self.key_columns])
+
+    @property
+    def target_type(self) -> T.StructType:
+        """The Delta table's schema: row columns (keys included) then the hidden columns."""
+        missing_keys = [T.StructField(name, T.StringType()) for name in self.key_columns
+                        if name not in self.row_type.fieldNames()]
+        return T.StructType([*missing_keys, *self.row_type.fields, *HIDDEN_FIELDS])
+
+
+def connect_type_to_spark(schema: Mapping[str, Any]) -> T.DataType:
+    """Map a Kafka Connect JSON-converter schema to the Spark type its JSON values parse as.
+
+    Types without a safe direct parse (bytes, logical types carried as base64) stay strings, so no
+    value is lost; logical-type conversion is a later projection.
+    """
+    connect_type = schema.get("type")
+    if connect_type == "struct":
+        return T.StructType(
+            [T.StructField(field["field"], connect_type_to_spark(field)) for field in schema.get("fields", [])]
+        )
+    if connect_type == "array":
+        return T.ArrayType(connect_type_to_spark(schema.get("items", {"type": "string"})))
+    if connect_type == "map":
+        return T.MapType(T.StringType(), connect_type_to_spark(schema.get("values", {"type": "string"})))
+    if schema.get("name") == "org.apache.kafka.connect.data.Decimal" or connect_type == "bytes":
+        return T.StringType()
+    return _CONNECT_PRIMITIVES.get(str(connect_type), T.StringType())
+
+
+def row_type_from_envelope_schema(envelope_schema: Mapping[str, Any]) -> T.StructType | None:
+    """The row type of ``after``/``before`` in a value's Connect schema, if the schema has one."""
+    for field in envelope_schema.get("fields", []):
+        if field.get("field") in ("after", "before") and field.get("type") == "struct":
+            row_type = connect_type_to_spark(field)
+            assert isinstance(row_type, T.StructType)
+            return row_type
+    return None
+
+
+def key_columns_from_key(key: Mapping[str, Any]) -> tuple[str, ...]:
+    """Key column names from one record key, with or without the schema/payload wrapper."""
+    if "schema" in key and "payload" in key:
+        schema = key.get("schema") or {}
+        names = [field["field"] for field in schema.get("fields", [])]
+        if names:
+            return tuple(names)
+        payload = key.get("payload")
+        return tuple(payload) if isinstance(payload, Mapping) else ()
+    return tuple(key)
+
+
+def infer_row_type(rows: Iterable[Mapping[str, Any]]) -> T.StructType:
+    """Infer a row type from sample row images (JSON objects), widening where samples disagree."""
+    inferred: dict[str, T.DataType] = {}
+    for row in rows:
+        for name, value in row.items():
+            value_type = _json_value_type(value)
+            if value_type is None:
+                inferred.setdefault(name, T.NullType())
+                continue
+            inferred[name] = _widen(inferred.get(name, T.NullType()), value_type)
+    return T.StructType(
+        [T.StructField(name, T.StringType() if isinstance(dt, T.NullType) else dt) for name, dt in inferred.items()]
+    )
+
+
+def parse_column_types(columns: Mapping[str, str]) -> T.StructType:
+    """Configured ``column -> Spark SQL type`` pairs as a struct type."""
+    fields = []
+    for name, type_text in columns.items():
+        try:
+            data_type = T._parse_datatype_string(type_text)
+        except Exception as exc:
+            raise LayoutError(f"column '{name}': '{type_text}' is not a Spark SQL type") from exc
+        fields.append(T.StructField(name, data_type))
+    return T.StructType(fields)
+
+
+def merge_row_types(base: T.StructType, extra: T.StructType) -> T.StructType:
+    """``base`` with the columns of ``extra`` it lacks appended (base types win)."""
+    names = set(base.fieldNames())
+    return T.StructType([*base.fields, *(field for field in extra.fields if field.name not in names)])
+
+
+def derive_layout(
+    kind: str,
+    sample_keys: Sequence[bytes],
+    sample_values: Sequence[bytes],
+    configured_keys: Sequence[str] | None = None,
+    configured_columns: Mapping[str, str] | None = None,
+    existing_row_type: T.StructType | None = None,
+) -> ChangeEventLayout:
+    """Build a table's layout from sample records (newest last) plus config and the Delta schema.
+
+    Priority for the row type: the newest value's Connect schema, then configured columns, then
+    the existing Delta table, each extended by what the sampled row images show.
+    """
+    keys = [_loads(key) for key in sample_keys]
+    values = [_loads(value) for value in sample_values]
+    key_columns = tuple(configured_keys or ())
+    if not key_columns:
+        for key in reversed(keys):
+            if isinstance(key, Mapping):
+                key_columns = key_columns_from_key(key)
+                break
+    if not key_columns:
+        raise LayoutError("record keys are absent or not JSON objects: set key_columns for this table")
+    if kind == "mongodb":
+        row_type = T.StructType(
+            [T.StructField(name, T.StringType()) for name in key_columns]
+            + [T.StructField(MONGODB_DOCUMENT_COLUMN, T.StringType())]
+        )
+        return ChangeEventLayout(kind, key_columns, row_type)
+
+    row_type = T.StructType([])
+    for value in reversed(values):
+        if isinstance(value, Mapping) and isinstance(value.get("schema"), Mapping) and "payload" in value:
+            row_type = row_type_from_envelope_schema(value["schema"]) or row_type
+            break
+    if configured_columns:
+        row_type = merge_row_types(row_type, parse_column_types(configured_columns))
+    if existing_row_type is not None:
+        row_type = merge_row_types(row_type, existing_row_type)
+    images = []
+    for value in values:
+        envelope = value.get("payload", value) if isinstance(value, Mapping) else None
+        if isinstance(envelope, Mapping):
+            images.extend(image for image in (envelope.get("after"), envelope.get("before"))
+                          if isinstance(image, Mapping))
+    row_type = merge_row_types(row_type, infer_row_type(images))
+    if not row_type.fields:
+        raise LayoutError("no event names any column: set columns for this table")
+    return ChangeEventLayout(kind, key_columns, row_type)
+
+
+def _loads(raw: bytes | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _json_value_type(value: Any) -> T.DataType | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return T.BooleanType()
+    if isinstance(value, int):
+        return T.LongType()
+    if isinstance(value, float):
+        return T.DoubleType()
+    return T.StringType()
+
+
+def _widen(current: T.DataType, new: T.DataType) -> T.DataType:
+    if isinstance(current, T.NullType) or current == new:
+        return new
+    numeric = (T.LongType(), T.DoubleType())
+    if current in numeric and new in numeric:
+        return T.DoubleType()
+    return T.StringType()

@@ -1,0 +1,34 @@
+"""The code location: one Definitions assembling CDC assets, jobs and resources from the pipeline config."""
+
+from __future__ import annotations
+
+from dagster import Definitions, in_process_executor
+
+from cdc_assets.assets import build_cdc_asset
+from cdc_assets.catalog import resolve_tables
+from cdc_assets.config import PipelineConfig, load_config
+from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.resources import build_resources, kafka_client_settings
+from jobs import cdc_merge_job
+
+
+def build_definitions(config: PipelineConfig) -> Definitions:
+    """Assets (one per captured table), jobs and resources for a pipeline config."""
+    def list_topics() -> list[str]:
+        source = KafkaSource(kafka_client_settings(config.kafka))
+        try:
+            return source.topics()
+        finally:
+            source.close()
+
+    tables = resolve_tables(config, list_topics=list_topics)
+    return Definitions(
+        assets=[build_cdc_asset(table, config.batch) for table in tables],
+        jobs=[cdc_merge_job],
+        resources=build_resources(config),
+        # One process and one Spark session for all tables of a run: a JVM start costs seconds.
+        executor=in_process_executor,
+    )
+
+
+defs = build_definitions(load_config())

@@ -1,0 +1,209 @@
+"""The Kafka source: bounded reads of one topic from given offsets, with confluent-kafka.
+
+The consumer is used with ``assign`` + ``seek`` and never auto-commits: the offsets that count
+are the ones committed with the data into Delta. A batch ends at the high watermarks seen when it
+starts, or earlier at the record/byte bounds, so a run never chases a moving end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+RAW_SCHEMA = pa.schema(
+    [("partition", pa.int32()), ("offset", pa.int64()), ("key", pa.binary()), ("value", pa.binary())]
+)
+_CONSUME_CHUNK = 10_000
+# The local broker may answer with a whole backlog at once: accept large responses, bound batches here.
+_CONSUMER_DEFAULTS = {
+    "enable.auto.commit": False,
+    "enable.auto.offset.store": False,
+    "auto.offset.reset": "earliest",
+    "receive.message.max.bytes": 1_000_000_000,
+    "fetch.max.bytes": 52_428_800,
+    "partition.assignment.strategy": "range",
+}
+
+
+class SourceError(RuntimeError):
+    """The topic cannot be read as asked; the message names broker, topic and partition."""
+
+
+@dataclass(frozen=True)
+class RawBatch:
+    """Records of one topic, as read: Kafka coordinates and raw bytes (tombstones included)."""
+
+    topic: str
+    records: pa.Table
+    start_offsets: dict[int, int]
+    end_offsets: dict[int, int]
+    high_watermarks: dict[int, int]
+    bytes_read: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether the batch reached the high watermark of every partition."""
+        return all(self.end_offsets[p] >= high for p, high in self.high_watermarks.items())
+
+
+class KafkaSource:
+    """Reads bounded batches of topics with one consumer (reused across tables of a run)."""
+
+    def __init__(self, settings: Mapping[str, object]):
+        self._settings = {**_CONSUMER_DEFAULTS, **settings}
+        self._consumer: Consumer | None = None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return str(self._settings.get("bootstrap.servers", "?"))
+
+    def _client(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(dict(self._settings))
+        return self._consumer
+
+    def topics(self, timeout_s: float = 10.0) -> list[str]:
+        """Names of the broker's topics."""
+        try:
+            return sorted(self._client().list_topics(timeout=timeout_s).topics)
+        except KafkaException as exc:
+            raise SourceError(f"cannot list topics on Kafka at {self.bootstrap_servers}: {exc}") from exc
+
+    def partitions(self, topic: str, timeout_s: float = 10.0) -> list[int]:
+        """The topic's partition ids; a clear error when the topic does not exist."""
+        try:
+            metadata = self._client().list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            raise SourceError(f"cannot reach Kafka at {self.bootstrap_servers} for topic '{topic}': {exc}") from exc
+        topic_metadata = metadata.topics.get(topic)
+        if topic_metadata is None or topic_metadata.error is not None or not topic_metadata.partitions:
+            reason = topic_metadata.error if topic_metadata is not None else "not in metadata"
+            raise SourceError(f"topic '{topic}' does not exist on {self.bootstrap_servers} ({reason})")
+        return sorted(topic_metadata.partitions)
+
+    def read_batch(
+        self,
+        topic: str,
+        start_offsets: Mapping[int, int] | None,
+        max_records: int,
+        max_bytes: int,
+        poll_timeout_s: float = 30.0,
+    ) -> RawBatch:
+        """Read ``topic`` from ``start_offsets`` (absent partitions: earliest) to the high watermarks.
+
+        Stops early at ``max_records`` records or ``max_bytes`` of keys and values; each partition's
+        records are a contiguous run from its start offset.
+        """
+        started = time.perf_counter()
+        consumer = self._client()
+        partitions = self.partitions(topic)
+        start: dict[int, int] = {}
+        high: dict[int, int] = {}
+        for partition in partitions:
+            try:
+                low, high[partition] = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=poll_timeout_s)
+            except KafkaException as exc:
+                raise SourceError(f"cannot read watermarks of {topic}[{partition}] on "
+                                  f"{self.bootstrap_servers}: {exc}") from exc
+            committed = (start_offsets or {}).get(partition)
+            if committed is not None and committed < low:
+                raise SourceError(
+                    f"{topic}[{partition}]: committed offset {committed} is below the earliest retained "
+                    f"offset {low}: events were deleted by retention before they were applied")
+            start[partition] = committed if committed is not None else low
+        pending = {p for p in partitions if start[p] < high[p]}
+        end = dict(start)
+        columns: dict[str, list] = {"partition": [], "offset": [], "key": [], "value": []}
+        size = 0
+        if pending:
+            consumer.assign([TopicPartition(topic, p, start[p]) for p in sorted(pending)])
+            try:
+                size = self._consume(consumer, topic, pending, end, high, columns, max_records, max_bytes,
+                                     poll_timeout_s)
+            finally:
+                consumer.unassign()
+        consumed = time.perf_counter()
+        records = pa.table(
+            {
+                "partition": pa.array(columns["partition"], pa.int32()),
+                "offset": pa.array(columns["offset"], pa.int64()),
+                "key": pa.array(columns["key"], pa.binary()),
+                "value": pa.array(columns["value"], pa.binary()),
+            },
+            schema=RAW_SCHEMA,
+        )
+        return RawBatch(
+            topic=topic,
+            records=records,
+            start_offsets=start,
+            end_offsets=end,
+            high_watermarks=high,
+            bytes_read=size,
+            timings={"consume_s": consumed - started, "to_arrow_s": time.perf_counter() - consumed},
+        )
+
+    def _consume(self, consumer: Consumer, topic: str, pending: set[int], end: dict[int, int],
+                 high: dict[int, int], columns: dict[str, list], max_records: int, max_bytes: int,
+                 poll_timeout_s: float) -> int:
+        partitions, offsets, keys, values = (columns["partition"], columns["offset"], columns["key"],
+                                             columns["value"])
+        size = 0
+        last_progress = time.monotonic()
+        while pending and len(offsets) < max_records and size < max_bytes:
+            messages = consumer.consume(min(_CONSUME_CHUNK, max_records - len(offsets)), timeout=1.0)
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise SourceError(f"{topic}[{message.partition()}]: error while consuming from "
+                                      f"{self.bootstrap_servers}: {error}")
+                partition, offset = message.partition(), message.offset()
+                if partition not in pending or offset >= high[partition]:
+                    continue
+                key, value = message.key(), message.value()
+                partitions.append(partition)
+                offsets.append(offset)
+                keys.append(key)
+                values.append(value)
+                end[partition] = offset + 1
+                size += (len(key) if key else 0) + (len(value) if value else 0)
+                if end[partition] >= high[partition]:
+                    pending.discard(partition)
+                if len(offsets) >= max_records or size >= max_bytes:
+                    break
+            if messages:
+                last_progress = time.monotonic()
+            # Transaction markers and compacted-away records occupy offsets no message shows.
+            for position in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
+                if position.offset >= high[position.partition]:
+                    end[position.partition] = high[position.partition]
+                    pending.discard(position.partition)
+            if pending and time.monotonic() - last_progress > poll_timeout_s:
+                stuck = {p: end[p] for p in sorted(pending)}
+                raise SourceError(
+                    f"topic '{topic}' on {self.bootstrap_servers}: no records for {poll_timeout_s:.0f}s while "
+                    f"partitions {stuck} (next offset) are below their high watermarks "
+                    f"{ {p: high[p] for p in sorted(pending)} }")
+        return size
+
+    def commit_group_offsets(self, topic: str, offsets: Mapping[int, int]) -> None:
+        """Record applied offsets in the consumer group too, so Kafka tools show the lag.
+
+        Informational only: the offsets that count live in the Delta commit.
+        """
+        if offsets:
+            self._client().commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],
+                                  asynchronous=False)
+
+    def close(self) -> None:
+        """Close the consumer (leaves no group membership behind)."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

@@ -1,0 +1,167 @@
+"""One micro-batch of one table: topic -> decoded events -> folded batch -> MERGE -> commit + offsets.
+
+No Dagster here: the assets call ``merge_micro_batch`` with a Spark session, a Kafka source and a
+Delta writer, and turn the returned ``BatchReport`` into materialization metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
+
+from cdc_assets.catalog import CapturedTable
+from cdc_assets.config import BatchLimits
+from cdc_assets.core import (
+    HIDDEN_COLUMNS,
+    BatchSummary,
+    decode_change_events,
+    derive_layout,
+    fold_to_latest,
+    summarize,
+)
+from cdc_assets.core.layout import LayoutError
+from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome
+from cdc_assets.io.kafka_source import KafkaSource, RawBatch
+
+_SAMPLE = 100
+
+
+class BadEventError(RuntimeError):
+    """An event cannot be applied; nothing of its batch was committed."""
+
+    def __init__(self, topic: str, partition: int, offset: int, reason: str, table: str, bad_events: int = 1):
+        self.topic, self.partition, self.offset, self.reason = topic, partition, offset, reason
+        super().__init__(
+            f"{topic} partition {partition} offset {offset}: {reason}. Halted: nothing of this batch was committed "
+            f"to table '{table}' ({bad_events} bad event(s) in the batch); fix the producer or the table's config "
+            "and run again")
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What one micro-batch read, applied and committed."""
+
+    table: CapturedTable
+    writer: str
+    raw: RawBatch
+    tombstones: int
+    summary: BatchSummary | None
+    outcome: MergeOutcome | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def events_read(self) -> int:
+        return self.raw.records.num_rows
+
+    @property
+    def capture_lag_s(self) -> float | None:
+        """Seconds from the newest applied change in the source database to now."""
+        if self.summary is None or self.summary.max_source_ts is None:
+            return None
+        newest = self.summary.max_source_ts
+        if newest.tzinfo is None:
+            newest = newest.replace(tzinfo=timezone.utc)
+        return (datetime.now(timezone.utc) - newest).total_seconds()
+
+    def offsets_json(self) -> str:
+        """``{partition: {from, to, high_watermark}}`` as JSON."""
+        return json.dumps({
+            str(p): {"from": self.raw.start_offsets[p], "to": self.raw.end_offsets[p],
+                     "high_watermark": self.raw.high_watermarks[p]}
+            for p in sorted(self.raw.start_offsets)
+        })
+
+
+def _sample(column: pa.ChunkedArray) -> list[bytes]:
+    """The first and last few non-null values (newest last), for layout derivation."""
+    present = column.filter(pc.is_valid(column))
+    if len(present) <= 2 * _SAMPLE:
+        return present.to_pylist()
+    return present.slice(0, _SAMPLE).to_pylist() + present.slice(len(present) - _SAMPLE).to_pylist()
+
+
+def _explain(events: pa.Table, partition: int, offset: int, reason: str) -> str:
+    """Sharpen Spark's verdict on a bad event by looking at its raw bytes."""
+    mask = pc.and_(pc.equal(events["partition"], partition), pc.equal(events["offset"], offset))
+    raw = events.filter(mask)["value"].to_pylist()
+    if not raw:
+        return reason
+    try:
+        decoded = json.loads(raw[0])
+    except (ValueError, UnicodeDecodeError) as exc:
+        return f"value is not valid JSON ({exc})"
+    if not isinstance(decoded, dict):
+        return f"value is JSON {type(decoded).__name__}, not a Debezium envelope object"
+    return reason
+
+
+def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
+                      limits: BatchLimits) -> BatchReport:
+    """Read one bounded batch of ``table``'s topic from its committed offsets and apply it to Delta.
+
+    The batch ends at the high watermarks seen at its start, or earlier at ``limits``. The data and
+    the offsets are committed together; on any bad event nothing is committed.
+    """
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    progress = writer.read_progress(table.target, table.app_id)
+    timings["read_progress_s"] = time.perf_counter() - started
+    raw = source.read_batch(table.topic, progress.offsets if progress else None, limits.max_records,
+                            limits.max_bytes, limits.poll_timeout_s)
+    timings.update(raw.timings)
+    records = raw.records
+    is_tombstone = pc.is_null(records["value"])
+    tombstones = pc.sum(is_tombstone).as_py() or 0
+    events = records.filter(pc.invert(is_tombstone))
+    if raw.end_offsets == raw.start_offsets:
+        return BatchReport(table, writer.name, raw, tombstones, None, None, timings)
+
+    commit = CommitRequest(table.app_id, sum(raw.end_offsets.values()), table.topic, raw.end_offsets)
+    existing = writer.table_schema(table.target)
+    if events.num_rows == 0:
+        if existing is None:
+            return BatchReport(table, writer.name, raw, tombstones, None, None, timings)
+        mark = time.perf_counter()
+        outcome = writer.commit_progress(table.target, commit)
+        timings["merge_s"] = time.perf_counter() - mark
+        source.commit_group_offsets(table.topic, raw.end_offsets)
+        return BatchReport(table, writer.name, raw, tombstones, None, outcome, timings)
+
+    existing_rows = None
+    if existing is not None:
+        existing_rows = type(existing)([f for f in existing.fields if f.name not in HIDDEN_COLUMNS])
+    try:
+        layout = derive_layout(table.kind, _sample(events["key"]), _sample(events["value"]),
+                               table.key_columns, table.columns, existing_rows)
+    except LayoutError as exc:
+        raise LayoutError(f"table '{table.name}' (topic {table.topic}): {exc}") from exc
+
+    mark = time.perf_counter()
+    decoded = decode_change_events(spark.createDataFrame(events), layout).persist()
+    timings["to_spark_s"] = time.perf_counter() - mark
+    try:
+        mark = time.perf_counter()
+        summary = summarize(decoded)
+        timings["parse_summarize_s"] = time.perf_counter() - mark
+        if summary.bad_events:
+            assert summary.first_bad_partition is not None and summary.first_bad_offset is not None
+            reason = _explain(events, summary.first_bad_partition, summary.first_bad_offset,
+                              summary.first_bad_reason or "bad event")
+            raise BadEventError(table.topic, summary.first_bad_partition, summary.first_bad_offset, reason,
+                                table.name, summary.bad_events)
+        mark = time.perf_counter()
+        outcome = writer.merge(table.target, fold_to_latest(decoded, layout), layout.key_columns, commit)
+        timings["fold_merge_commit_s"] = time.perf_counter() - mark
+    finally:
+        decoded.unpersist()
+    mark = time.perf_counter()
+    source.commit_group_offsets(table.topic, raw.end_offsets)
+    timings["commit_group_offsets_s"] = time.perf_counter() - mark
+    timings["total_s"] = time.perf_counter() - started
+    return BatchReport(table, writer.name, raw, tombstones, summary, outcome, timings)

@@ -1,0 +1,114 @@
+"""Dagster resources: Spark (dagster-pyspark), Kafka and Delta, built from the pipeline config."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
+from dagster_pyspark import LazyPySparkResource
+from pydantic import PrivateAttr
+from pyspark.sql import SparkSession
+
+from cdc_assets.config import KafkaConfig, PipelineConfig
+from cdc_assets.io.delta import DeltaWriter, select_writer
+from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.spark import spark_config
+
+
+class KafkaResource(ConfigurableResource):
+    """The Kafka connection. Secrets are passed as ``EnvVar`` so Dagster never shows or logs them."""
+
+    bootstrap_servers: str
+    group_id: str = "cdc-assets"
+    security_protocol: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_ca_location: str | None = None
+    ssl_key_password: str | None = None
+    settings: dict[str, str] = {}
+
+    _source: KafkaSource | None = PrivateAttr(default=None)
+
+    def client_settings(self) -> dict[str, Any]:
+        """librdkafka settings (secrets included: keep them out of logs)."""
+        return _client_settings(self.bootstrap_servers, self.group_id, self.settings, {
+            "security.protocol": self.security_protocol,
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password,
+            "ssl.ca.location": self.ssl_ca_location,
+            "ssl.key.password": self.ssl_key_password,
+        })
+
+    def source(self) -> KafkaSource:
+        """The run's Kafka source (one consumer, reused by every table of the run)."""
+        if self._source is None:
+            self._source = KafkaSource(self.client_settings())
+        return self._source
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+
+
+def _client_settings(bootstrap_servers: str, group_id: str, settings: dict[str, str],
+                     security: dict[str, str | None]) -> dict[str, Any]:
+    return {**settings, "bootstrap.servers": bootstrap_servers, "group.id": group_id,
+            **{key: value for key, value in security.items() if value}}
+
+
+def kafka_client_settings(kafka: KafkaConfig) -> dict[str, Any]:
+    """librdkafka settings straight from the config, secrets read from the environment now.
+
+    For load-time work (listing topics for include patterns); runs use ``KafkaResource``.
+    """
+
+    def env(name: str | None) -> str | None:
+        return os.environ.get(name) if name else None
+
+    return _client_settings(kafka.bootstrap_servers, kafka.group_id, dict(kafka.settings), {
+        "security.protocol": kafka.security_protocol,
+        "sasl.mechanism": kafka.sasl_mechanism,
+        "sasl.username": env(kafka.sasl_username_env),
+        "sasl.password": env(kafka.sasl_password_env),
+        "ssl.ca.location": kafka.ssl_ca_location,
+        "ssl.key.password": env(kafka.ssl_key_password_env),
+    })
+
+
+class DeltaResource(ConfigurableResource):
+    """Which Delta writer commits batches: ``auto``, ``delta-rs`` or ``delta-spark``."""
+
+    writer: str = "auto"
+
+    def writer_for(self, spark: SparkSession) -> DeltaWriter:
+        """The writer for this Spark session (``auto``: delta-spark if the session has Delta)."""
+        return select_writer(self.writer, spark)
+
+
+def build_resources(config: PipelineConfig) -> dict[str, Any]:
+    """The resources a pipeline config asks for, keyed as the assets expect them."""
+    kafka = config.kafka
+
+    def secret(name: str | None) -> Any:
+        return EnvVar(name) if name else None
+
+    return {
+        "spark": LazyPySparkResource(
+            spark_config=spark_config(config.spark.master, config.spark.remote, config.spark.conf)),
+        "kafka": KafkaResource(
+            bootstrap_servers=kafka.bootstrap_servers,
+            group_id=kafka.group_id,
+            security_protocol=kafka.security_protocol,
+            sasl_mechanism=kafka.sasl_mechanism,
+            sasl_username=secret(kafka.sasl_username_env),
+            sasl_password=secret(kafka.sasl_password_env),
+            ssl_ca_location=kafka.ssl_ca_location,
+            ssl_key_password=secret(kafka.ssl_key_password_env),
+            settings=dict(kafka.settings),
+        ),
+        "delta": DeltaResource(writer=config.delta.writer),
+    }

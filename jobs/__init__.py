@@ -1,0 +1,5 @@
+"""Jobs of the code location."""
+
+from jobs.merge import cdc_merge_job
+
+__all__ = ["cdc_merge_job"]
