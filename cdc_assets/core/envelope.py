@@ -114,9 +114,10 @@ def decode_change_events(raw: DataFrame, layout: ChangeEventLayout) -> DataFrame
                            F.lit(f"column '{field.name}' value does not fit type {field.dataType.simpleString()}"))
                 )
     key_fields = {field.name: field.dataType for field in layout.key_type.fields}
+    row_columns = set(layout.row_type.fieldNames()) if layout.kind != "mongodb" else set()
     for name, data_type in key_fields.items():
-        from_image = image[name] if layout.kind != "mongodb" else F.lit(None)
-        columns[name] = F.coalesce(_typed(F.col("_key")[name], data_type), _typed(from_image, data_type))
+        from_key = _typed(F.col("_key")[name], data_type)
+        columns[name] = F.coalesce(from_key, _typed(image[name], data_type)) if name in row_columns else from_key
 
     missing_key = F.lit(False)
     for name in layout.key_columns:

@@ -15,6 +15,7 @@ DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 EMBEDDED_DEFAULTS: dict[str, str] = {
     "spark.app.name": "cdc-assets",
     "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.shuffle.partitions": "4",
     "spark.sql.adaptive.enabled": "true",

@@ -1,0 +1,99 @@
+"""The Delta writer seam: every writer gives the same contents and commit metadata."""
+
+import json
+
+import pytest
+from pyspark.sql import types as T
+
+from cdc_assets.io.delta import CommitRequest, DeltaTarget, DeltaWriterError, select_writer
+
+SCHEMA = T.StructType([
+    T.StructField("My Id", T.LongType()),  # a key column that needs quoting
+    T.StructField("name", T.StringType()),
+    T.StructField("_cdc_op", T.StringType()),
+    T.StructField("_cdc_position", T.StringType()),
+    T.StructField("_cdc_source_ts", T.TimestampType()),
+])
+
+
+def batch(spark, *rows):
+    return spark.createDataFrame([(k, n, op, pos, None) for k, n, op, pos in rows], SCHEMA)
+
+
+def commit(version, offsets):
+    return CommitRequest("cdc_assets:t", version, "t", offsets)
+
+
+def contents(spark, writer, path):
+    if writer.name == "delta-rs":
+        from deltalake import DeltaTable
+
+        rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+    else:
+        rows = [r.asDict() for r in spark.read.format("delta").load(path).collect()]
+    return sorted((r["My Id"], r["name"], r["_cdc_position"]) for r in rows)
+
+
+def test_merge_creates_applies_and_records_offsets_in_the_same_commit(spark, writer, tmp_path):
+    target = DeltaTarget(str(tmp_path / "t"))
+    outcome = writer.merge(target, batch(spark, (1, "a", "c", "01"), (2, "b", "c", "02")), ["My Id"],
+                           commit(10, {0: 7, 1: 3}))
+    assert (outcome.inserted, outcome.updated, outcome.deleted) == (2, 0, 0)
+    progress = writer.read_progress(target, "cdc_assets:t")
+    assert progress.offsets == {0: 7, 1: 3}
+    assert (progress.txn_version, progress.delta_version) == (10, outcome.delta_version)
+
+    outcome = writer.merge(target, batch(spark, (1, "a2", "u", "03"), (2, None, "d", "04"), (3, "c", "c", "05")),
+                           ["My Id"], commit(12, {0: 9, 1: 3}))
+    assert (outcome.inserted, outcome.updated, outcome.deleted) == (1, 1, 1)
+    assert contents(spark, writer, target.path) == [(1, "a2", "03"), (3, "c", "05")]
+
+
+def test_older_or_equal_positions_change_nothing(spark, writer, tmp_path):
+    target = DeltaTarget(str(tmp_path / "t"))
+    writer.merge(target, batch(spark, (1, "new", "u", "05")), ["My Id"], commit(1, {0: 1}))
+    writer.merge(target, batch(spark, (1, "old", "u", "04")), ["My Id"], commit(2, {0: 2}))
+    writer.merge(target, batch(spark, (1, "same position", "u", "05")), ["My Id"], commit(3, {0: 3}))
+    writer.merge(target, batch(spark, (1, None, "d", "03")), ["My Id"], commit(4, {0: 4}))
+    assert contents(spark, writer, target.path) == [(1, "new", "05")]
+    assert writer.read_progress(target, "cdc_assets:t").offsets == {0: 4}
+
+
+def test_a_committed_txn_version_is_not_applied_twice(spark, writer, tmp_path):
+    target = DeltaTarget(str(tmp_path / "t"))
+    first = writer.merge(target, batch(spark, (1, "a", "c", "01")), ["My Id"], commit(5, {0: 5}))
+    again = writer.merge(target, batch(spark, (9, "z", "c", "09")), ["My Id"], commit(5, {0: 5}))
+    assert again.already_applied and again.delta_version == first.delta_version
+    assert contents(spark, writer, target.path) == [(1, "a", "01")]
+
+
+def test_offsets_only_commit_for_a_batch_of_tombstones(spark, writer, tmp_path):
+    target = DeltaTarget(str(tmp_path / "t"))
+    first = writer.merge(target, batch(spark, (1, "a", "c", "01")), ["My Id"], commit(1, {0: 1}))
+    outcome = writer.commit_progress(target, commit(2, {0: 2}))
+    assert outcome.delta_version == first.delta_version + 1
+    assert writer.read_progress(target, "cdc_assets:t").offsets == {0: 2}
+    assert contents(spark, writer, target.path) == [(1, "a", "01")]
+
+
+def test_commit_metadata_is_the_documented_json(spark, writer, tmp_path):
+    target = DeltaTarget(str(tmp_path / "t"))
+    writer.merge(target, batch(spark, (1, "a", "c", "01")), ["My Id"], commit(4, {2: 4}))
+    if writer.name == "delta-rs":
+        from deltalake import DeltaTable
+
+        latest = DeltaTable(target.path).history(1)[0]
+    else:
+        latest = spark.sql(f"DESCRIBE HISTORY delta.`{target.path}` LIMIT 1").first().asDict()
+    assert json.loads(latest["userMetadata"]) == {
+        "cdc_assets": {"app_id": "cdc_assets:t", "version": 4, "topic": "t", "offsets": {"2": 4}}}
+
+
+def test_delta_spark_without_delta_in_the_session_is_a_clear_error(spark):
+    from cdc_assets.io.spark import has_delta
+
+    if has_delta(spark):
+        pytest.skip("this session has Delta")
+    with pytest.raises(DeltaWriterError, match="needs a Spark session with Delta"):
+        select_writer("delta-spark", spark)
+    assert select_writer("auto", spark).name == "delta-rs"

@@ -1,0 +1,67 @@
+"""The Kafka source reads bounded, contiguous batches from given offsets on the real broker."""
+
+import pytest
+
+from cdc_assets.io.kafka_source import KafkaSource, SourceError
+from tests.conftest import new_topic, produce
+
+
+@pytest.fixture
+def source(broker):
+    kafka = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "source-tests"})
+    yield kafka
+    kafka.close()
+
+
+def records(n, tag="v"):
+    return [(f'{{"id": {i}}}'.encode(), f"{tag}{i}".encode()) for i in range(n)]
+
+
+def test_reads_every_partition_up_to_the_high_watermarks(broker, source):
+    topic = new_topic(broker, "src.all", partitions=3)
+    for partition in range(3):
+        produce(broker, topic, records(5, f"p{partition}-"), partition=partition)
+    batch = source.read_batch(topic, None, max_records=1000, max_bytes=10**9, poll_timeout_s=10)
+    assert batch.records.num_rows == 15
+    assert batch.start_offsets == {0: 0, 1: 0, 2: 0}
+    assert batch.end_offsets == batch.high_watermarks == {0: 5, 1: 5, 2: 5}
+    assert batch.caught_up
+
+
+def test_record_bound_keeps_each_partition_contiguous_and_resumes_exactly(broker, source):
+    topic = new_topic(broker, "src.bound", partitions=2)
+    for partition in range(2):
+        produce(broker, topic, records(50), partition=partition)
+    seen = {0: [], 1: []}
+    offsets = None
+    for _ in range(10):
+        batch = source.read_batch(topic, offsets, max_records=30, max_bytes=10**9, poll_timeout_s=10)
+        assert batch.records.num_rows <= 30
+        for partition, offset in zip(batch.records["partition"].to_pylist(), batch.records["offset"].to_pylist(),
+                                     strict=True):
+            seen[partition].append(offset)
+        for partition, end in batch.end_offsets.items():
+            assert end == batch.start_offsets[partition] + batch.records["partition"].to_pylist().count(partition)
+        offsets = batch.end_offsets
+        if batch.caught_up:
+            break
+    assert seen == {0: list(range(50)), 1: list(range(50))}
+
+
+def test_tombstones_are_read_as_null_values(broker, source):
+    topic = new_topic(broker, "src.tomb")
+    produce(broker, topic, [(b'{"id": 1}', b"x"), (b'{"id": 1}', None)])
+    batch = source.read_batch(topic, None, 100, 10**9, 10)
+    assert batch.records["value"].to_pylist() == [b"x", None]
+
+
+def test_missing_topic_names_topic_and_broker(broker, source):
+    with pytest.raises(SourceError, match=rf"topic 'no.such.topic' does not exist on {broker.bootstrap_servers}"):
+        source.read_batch("no.such.topic", None, 10, 10**9, 5)
+
+
+def test_nothing_new_reads_nothing(broker, source):
+    topic = new_topic(broker, "src.none")
+    produce(broker, topic, records(3))
+    batch = source.read_batch(topic, {0: 3}, 100, 10**9, 10)
+    assert batch.records.num_rows == 0 and batch.end_offsets == {0: 3}

@@ -1,0 +1,87 @@
+"""The pipeline config: readable errors naming line and field, env interpolation, no inline secrets."""
+
+import pytest
+
+from cdc_assets.catalog import resolve_tables
+from cdc_assets.config import DEMO_CONFIG_PATH, ConfigError, load_config, parse_config
+
+VALID = """\
+kafka:
+  bootstrap_servers: 127.0.0.1:9092
+delta:
+  root: /data/delta
+connectors:
+  - name: inventory
+    kind: postgresql
+    topic.prefix: dbserver1
+    tables:
+      - name: inventory.customers
+      - name: inventory.orders
+        key_columns: [order_id]
+        path: custom/orders
+"""
+
+
+def test_valid_config_resolves_topics_and_paths():
+    tables = resolve_tables(parse_config(VALID))
+    assert [(t.topic, t.target.path, t.key_columns) for t in tables] == [
+        ("dbserver1.inventory.customers", "/data/delta/dbserver1/inventory/customers", None),
+        ("dbserver1.inventory.orders", "/data/delta/custom/orders", ("order_id",)),
+    ]
+    assert tables[0].asset_key_path == ["dbserver1", "inventory", "customers"]
+
+
+def test_errors_name_the_line_and_field():
+    text = VALID.replace("kind: postgresql", "kind: postgres")
+    with pytest.raises(ConfigError) as error:
+        parse_config(text, source="pipeline.yaml")
+    assert "pipeline.yaml:line 7: connectors.0.kind" in str(error.value)
+
+
+def test_missing_section_is_named():
+    with pytest.raises(ConfigError, match=r"line 1: delta: Field required"):
+        parse_config(VALID.replace("delta:\n  root: /data/delta\n", ""))
+
+
+def test_inline_secrets_are_refused():
+    text = VALID.replace("  bootstrap_servers: 127.0.0.1:9092\n",
+                         "  bootstrap_servers: 127.0.0.1:9092\n  settings:\n    sasl.password: hunter2\n")
+    with pytest.raises(ConfigError, match="'sasl.password' carries a secret"):
+        parse_config(text)
+
+
+def test_env_interpolation_with_default_and_missing(monkeypatch):
+    text = VALID.replace("/data/delta", "${DELTA_ROOT_TEST:-/tmp/default}")
+    assert parse_config(text).delta.root == "/tmp/default"
+    monkeypatch.setenv("DELTA_ROOT_TEST", "/from/env")
+    assert parse_config(text).delta.root == "/from/env"
+    with pytest.raises(ConfigError, match="environment variable NOT_SET_ANYWHERE is not set"):
+        parse_config(VALID.replace("/data/delta", "${NOT_SET_ANYWHERE}"))
+
+
+def test_table_paths_cannot_escape_the_delta_root():
+    with pytest.raises(ConfigError, match="outside the Delta root"):
+        resolve_tables(parse_config(VALID.replace("custom/orders", "../../etc/orders")))
+
+
+def test_bad_table_name_and_duplicates():
+    with pytest.raises(ConfigError, match="line 10: connectors.0.tables.0.name"):
+        parse_config(VALID.replace("inventory.customers", "inventory. customers"))
+    with pytest.raises(ConfigError, match="lists tables more than once"):
+        parse_config(VALID.replace("inventory.orders", "inventory.customers"))
+
+
+def test_include_patterns_match_broker_topics():
+    text = VALID.replace("    tables:\n", "    include: ['inventory\\.prod.*']\n    tables:\n")
+    topics = ["dbserver1.inventory.products", "dbserver1.inventory.customers", "dbserver1.transaction",
+              "other.inventory.products", "dbserver1"]
+    names = [t.name for t in resolve_tables(parse_config(text), list_topics=lambda: topics)]
+    assert names == ["inventory.customers", "inventory.orders", "inventory.products"]
+
+
+def test_missing_file_and_demo_default(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="cannot read the pipeline config"):
+        load_config(tmp_path / "nope.yaml")
+    monkeypatch.delenv("CDC_ASSETS_CONFIG", raising=False)
+    assert [c.name for c in load_config().connectors] == ["inventory", "sales"]
+    assert DEMO_CONFIG_PATH.exists()

@@ -1,0 +1,176 @@
+"""One micro-batch end to end: real broker, Spark, Delta on disk; real captures and the seeds."""
+
+import json
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from cdc_assets.demo.events import db2_source, encode_key, envelope, postgres_source
+from cdc_assets.pipeline import BadEventError
+from tests.conftest import SHARED, captured_table, new_topic, produce, read_rows, run_batch
+
+CAPTURES = SHARED / "data" / "debezium-captures"
+
+
+def capture_records(name):
+    """A real capture's values, keyed as the PostgreSQL connector keys them (``{"id": N}``)."""
+    records = []
+    for line in (CAPTURES / name).read_text().splitlines():
+        event = json.loads(line)
+        image = event["after"] or event["before"]
+        key = image["id"] if image else 111  # the REPLICA IDENTITY DEFAULT delete names no row: id 111
+        records.append((encode_key({"id": key}), line.encode()))
+        if event["op"] == "d":
+            records.append((encode_key({"id": key}), None))
+    return records
+
+
+EXPECTED_PRODUCTS = {101, 102, 103, 104, 105, 106, 107, 108, 109, 110}
+
+
+@pytest.mark.parametrize("capture", ["postgres-products-schema-exclude.jsonl",
+                                     "postgres-products-replica-identity-default.jsonl"])
+def test_real_captures_end_as_the_source_table(spark, broker, writer, tmp_path, capture):
+    topic = new_topic(broker, "fullfillment.inventory.products")
+    produce(broker, topic, capture_records(capture))
+    table = captured_table(topic, tmp_path)
+    report = run_batch(spark, broker, writer, table)
+    rows = read_rows(spark, writer, table)
+    assert set(k[0] for k in rows) == EXPECTED_PRODUCTS
+    assert rows[(106,)]["description"] == "18oz carpenter hammer"
+    assert rows[(107,)]["weight"] == 5.1
+    assert (rows[(110,)]["description"], rows[(110,)]["weight"]) == ("new water resistent white wind breaker", 0.5)
+    assert report.tombstones == 1 and report.summary.deletes == 1 and report.summary.snapshot_reads == 9
+    assert report.outcome.inserted == 10 and report.outcome.deleted == 0
+
+
+def test_restart_reads_only_new_events_and_replay_changes_nothing(spark, broker, writer, tmp_path):
+    topic = new_topic(broker, "dbserver1.inventory.items", partitions=2)
+    source = lambda lsn: postgres_source(lsn, 1_700_000_000_000 + lsn, "inventory", "items")  # noqa: E731
+    produce(broker, topic, [(encode_key({"id": i}), envelope("c", None, {"id": i, "v": i}, source(i), 1))
+                            for i in range(20)])
+    table = captured_table(topic, tmp_path)
+    first = run_batch(spark, broker, writer, table)
+    assert first.events_read == 20 and first.outcome.inserted == 20
+
+    produce(broker, topic, [(encode_key({"id": i}), envelope("u", None, {"id": i, "v": -i}, source(100 + i), 1))
+                            for i in range(5)])
+    second = run_batch(spark, broker, writer, table)
+    assert second.events_read == 5
+    assert second.raw.start_offsets == first.raw.end_offsets
+    assert (second.outcome.updated, second.outcome.inserted) == (5, 0)
+    before = read_rows(spark, writer, table, visible_only=False)
+
+    # Replay: rewind the consumer group to the beginning, as an operator would. The applied offsets
+    # live in the Delta commit, so nothing is read twice and nothing changes.
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "cdc-tests"})
+    consumer.commit(offsets=[TopicPartition(topic, p, 0) for p in range(2)], asynchronous=False)
+    consumer.close()
+    third = run_batch(spark, broker, writer, table)
+    assert third.events_read == 0 and third.outcome is None
+    assert read_rows(spark, writer, table, visible_only=False) == before
+
+
+def test_small_batches_apply_the_same_as_one(spark, broker, writer, tmp_path):
+    topic = new_topic(broker, "dbserver1.inventory.small", partitions=3)
+    records = []
+    for i in range(60):
+        key = i % 7
+        op = "d" if i % 11 == 10 else ("c" if i < 7 else "u")
+        after = None if op == "d" else {"id": key, "v": i}
+        records.append((encode_key({"id": key}), envelope(op, None, after, postgres_source(i + 1, i, "s", "t"), i)))
+        if op == "d":
+            records.append((encode_key({"id": key}), None))
+    produce(broker, topic, records)
+    whole, pieces = captured_table(topic, tmp_path / "whole"), captured_table(topic, tmp_path / "pieces")
+    run_batch(spark, broker, writer, whole)
+    for _ in range(30):
+        if run_batch(spark, broker, writer, pieces, max_records=4).raw.caught_up:
+            break
+    assert read_rows(spark, writer, pieces) == read_rows(spark, writer, whole)
+    # the reference: the last event per key
+    expected = {}
+    for _, value in records:
+        if value:
+            event = json.loads(value)
+            key = (event["after"] or {}).get("id")
+            if event["op"] == "d":
+                key = None
+            if key is not None:
+                expected[(key,)] = {"id": key, "v": event["after"]["v"]}
+    deleted = {json.loads(k)["id"] for k, v in records if v is None}
+    last_op = {}
+    for key, value in records:
+        if value:
+            last_op[json.loads(key)["id"]] = json.loads(value)["op"]
+    expected = {k: v for k, v in expected.items() if last_op[k[0]] != "d"}
+    assert deleted and read_rows(spark, writer, whole) == expected
+
+
+def test_a_bad_event_halts_the_batch_naming_topic_partition_offset(spark, broker, writer, tmp_path):
+    topic = new_topic(broker, "dbserver1.inventory.bad")
+    good = [(encode_key({"id": i}), envelope("c", None, {"id": i}, postgres_source(i, i, "s", "t"), i))
+            for i in range(3)]
+    produce(broker, topic, [*good[:2], (encode_key({"id": 9}), b"{not json"), good[2]])
+    table = captured_table(topic, tmp_path)
+    with pytest.raises(BadEventError, match=rf"{topic} partition 0 offset 2: value is not valid JSON") as error:
+        run_batch(spark, broker, writer, table)
+    assert (error.value.partition, error.value.offset) == (0, 2)
+    assert writer.read_progress(table.target, table.app_id) is None  # nothing committed
+
+
+def test_seed_db2_customers_create_update_delete(spark, broker, writer, tmp_path):
+    """Seed 000: the Db2 customers create, update and delete (with its tombstone)."""
+    topic = new_topic(broker, "mydatabase.MYSCHEMA.CUSTOMERS")
+    row = {"ID": 1005, "FIRST_NAME": "john", "LAST_NAME": "doe", "EMAIL": "john.doe@example.org"}
+    updated = {**row, "EMAIL": "noreply@example.org"}
+    key = encode_key({"ID": 1005}, with_schema=True, name="mydatabase.MYSCHEMA.CUSTOMERS.Key")
+    create = envelope("c", None, row, db2_source("00000027:00000758:0005", "00000027:00000758:0003",
+                                                 1559729468470, "MYSCHEMA", "CUSTOMERS"), 1559729471739,
+                      with_schema=True, row_name="mydatabase.MYSCHEMA.CUSTOMERS.Value")
+    update = envelope("u", row, updated, db2_source("00000027:00000ac0:0007", "00000027:00000ac0:0002",
+                                                    1559729995937, "MYSCHEMA", "CUSTOMERS"), 1559729998706,
+                      with_schema=True, row_name="mydatabase.MYSCHEMA.CUSTOMERS.Value")
+    delete = envelope("d", updated, None, db2_source("00000027:00000db0:0007", "00000027:00000db0:0005",
+                                                     1559730445243, "MYSCHEMA", "CUSTOMERS"), 1559730450205,
+                      with_schema=True, row_name="mydatabase.MYSCHEMA.CUSTOMERS.Value")
+    table = captured_table(topic, tmp_path, kind="db2", key_columns=("ID",))
+    produce(broker, topic, [(key, create), (key, update)])
+    run_batch(spark, broker, writer, table)
+    assert read_rows(spark, writer, table) == {(1005,): updated}
+    produce(broker, topic, [(key, delete), (key, None)])
+    report = run_batch(spark, broker, writer, table)
+    assert read_rows(spark, writer, table) == {} and report.outcome.deleted == 1 and report.tombstones == 1
+
+
+def test_seed_sqlserver_create_event(spark, broker, writer, tmp_path):
+    """Seed 003: the SQL Server customers create event, schema and payload, as printed there."""
+    topic = new_topic(broker, "server1.dbo.customers")
+    fields = [{"type": t, "optional": o, "field": f} for t, o, f in
+              [("int32", False, "id"), ("string", False, "first_name"), ("string", False, "last_name"),
+               ("string", False, "email")]]
+    value = {
+        "schema": {"type": "struct", "name": "server1.dbo.customers.Envelope", "optional": False, "fields": [
+            {"type": "struct", "fields": fields, "optional": True, "name": "server1.dbo.customers.Value",
+             "field": "before"},
+            {"type": "struct", "fields": fields, "optional": True, "name": "server1.dbo.customers.Value",
+             "field": "after"},
+            {"type": "string", "optional": False, "field": "op"},
+            {"type": "int64", "optional": True, "field": "ts_ms"}]},
+        "payload": {"before": None,
+                    "after": {"id": 1005, "first_name": "john", "last_name": "doe", "email": "john.doe@example.org"},
+                    "source": {"version": "1.0.3.Final", "connector": "sqlserver", "name": "server1",
+                               "ts_ms": 1559729468470, "snapshot": False, "db": "testDB", "schema": "dbo",
+                               "table": "customers", "change_lsn": "00000027:00000758:0003",
+                               "commit_lsn": "00000027:00000758:0005", "event_serial_no": "1"},
+                    "op": "c", "ts_ms": 1559729471739}}
+    key = {"schema": {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}],
+                      "optional": False, "name": "server1.dbo.customers.Key"}, "payload": {"id": 1005}}
+    produce(broker, topic, [(json.dumps(key).encode(), json.dumps(value).encode())])
+    table = captured_table(topic, tmp_path, kind="sqlserver")
+    run_batch(spark, broker, writer, table)
+    rows = read_rows(spark, writer, table, visible_only=False)
+    row = rows[(1005,)]
+    assert {k: row[k] for k in ("id", "first_name", "last_name", "email", "_cdc_op")} == {
+        "id": 1005, "first_name": "john", "last_name": "doe", "email": "john.doe@example.org", "_cdc_op": "c"}
+    assert row["_cdc_position"].startswith("0" * 14 + "27" + "0" * 13 + "758" + "0" * 15 + "5")  # commit_lsn first
