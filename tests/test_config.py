@@ -46,7 +46,7 @@ def test_missing_section_is_named():
 def test_inline_secrets_are_refused():
     text = VALID.replace("  bootstrap_servers: 127.0.0.1:9092\n",
                          "  bootstrap_servers: 127.0.0.1:9092\n  settings:\n    sasl.password: hunter2\n")
-    with pytest.raises(ConfigError, match="'sasl.password' carries a secret"):
+    with pytest.raises(ConfigError, match=r"'sasl\.password' carries a secret"):
         parse_config(text)
 
 
@@ -65,7 +65,7 @@ def test_table_paths_cannot_escape_the_delta_root():
 
 
 def test_bad_table_name_and_duplicates():
-    with pytest.raises(ConfigError, match="line 10: connectors.0.tables.0.name"):
+    with pytest.raises(ConfigError, match=r"line 10: connectors\.0\.tables\.0\.name"):
         parse_config(VALID.replace("inventory.customers", "inventory. customers"))
     with pytest.raises(ConfigError, match="lists tables more than once"):
         parse_config(VALID.replace("inventory.orders", "inventory.customers"))

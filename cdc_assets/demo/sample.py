@@ -63,7 +63,7 @@ def _orders() -> list[Record]:
         records.append((encode_key({"id": key}, with_schema=True, name="server1.dbo.orders.Key"), value))
 
     for i, oid in enumerate((10001, 10002, 10003)):
-        row = {"id": oid, "order_date": "2026-01-0%d" % (i + 1), "purchaser": 1001 + i, "quantity": i + 1}
+        row = {"id": oid, "order_date": f"2026-01-0{i + 1}", "purchaser": 1001 + i, "quantity": i + 1}
         add("r", oid, None, row, sqlserver_source(None, None, None, _T0 + i, "dbo", "orders", snapshot="true"))
     add("c", 10004, None, {"id": 10004, "order_date": "2026-02-01", "purchaser": 1003, "quantity": 7},
         sqlserver_source(lsn(100), lsn(99), 1, _T0 + 120_000, "dbo", "orders"))
