@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
@@ -135,7 +136,7 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
 
     existing_rows = None
     if existing is not None:
-        existing_rows = type(existing)([f for f in existing.fields if f.name not in HIDDEN_COLUMNS])
+        existing_rows = StructType([f for f in existing.fields if f.name not in HIDDEN_COLUMNS])
     try:
         layout = derive_layout(table.kind, _sample(events["key"]), _sample(events["value"]),
                                table.key_columns, table.columns, existing_rows)

@@ -20,7 +20,8 @@ from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.spark import has_delta, spark_config
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+# Copies of ../shared/data/debezium-captures (real Debezium events, Apache License 2.0; see their README).
+CAPTURES = Path(__file__).resolve().parent / "fixtures" / "debezium-captures"
 
 
 @pytest.fixture(scope="session")

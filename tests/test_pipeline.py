@@ -7,9 +7,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from cdc_assets.demo.events import db2_source, encode_key, envelope, postgres_source
 from cdc_assets.pipeline import BadEventError
-from tests.conftest import SHARED, captured_table, new_topic, produce, read_rows, run_batch
-
-CAPTURES = SHARED / "data" / "debezium-captures"
+from tests.conftest import CAPTURES, captured_table, new_topic, produce, read_rows, run_batch
 
 
 def capture_records(name):
