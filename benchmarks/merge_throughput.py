@@ -46,6 +46,7 @@ class PeakRss:
 
     def __init__(self, interval_s: float = 0.2):
         self.peak = 0
+        self.peak_python = 0
         self._interval = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -53,11 +54,12 @@ class PeakRss:
     def _run(self) -> None:
         me = psutil.Process()
         while not self._stop.is_set():
-            total = 0
-            for process in [me, *me.children(recursive=True)]:
+            total = python = me.memory_info().rss
+            for process in me.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     total += process.memory_info().rss
             self.peak = max(self.peak, total)
+            self.peak_python = max(self.peak_python, python)
             self._stop.wait(self._interval)
 
     def __enter__(self) -> PeakRss:
@@ -194,7 +196,8 @@ def main() -> None:
     total = stages.pop("total_s", merge_seconds)
     for stage, seconds in sorted(stages.items(), key=lambda item: -item[1]):
         print(f"  {stage:<24} {seconds:7.1f} s  {100 * seconds / total:5.1f}%")
-    print(f"peak RSS (python + JVM): {rss.peak / 2**30:.2f} GiB")
+    print(f"peak RSS (python + JVM): {rss.peak / 2**30:.2f} GiB (python alone: {rss.peak_python / 2**30:.2f} GiB, "
+          "which includes this benchmark's generated events)")
     if not ok:
         raise SystemExit("the merged table does not match the oracle")
 

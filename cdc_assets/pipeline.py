@@ -130,7 +130,7 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
             return BatchReport(table, writer.name, raw, tombstones, None, None, timings)
         mark = time.perf_counter()
         outcome = writer.commit_progress(table.target, commit)
-        timings["merge_s"] = time.perf_counter() - mark
+        timings["fold_merge_commit_s"] = time.perf_counter() - mark
         source.commit_group_offsets(table.topic, raw.end_offsets)
         return BatchReport(table, writer.name, raw, tombstones, None, outcome, timings)
 

@@ -116,6 +116,11 @@ class KafkaSource:
                 raise SourceError(
                     f"{topic}[{partition}]: committed offset {committed} is below the earliest retained "
                     f"offset {low}: events were deleted by retention before they were applied")
+            if committed is not None and committed > high[partition]:
+                raise SourceError(
+                    f"{topic}[{partition}]: committed offset {committed} is beyond the high watermark "
+                    f"{high[partition]}: the topic was recreated or truncated; resetting the table is an "
+                    "operator's decision")
             start[partition] = committed if committed is not None else low
         pending = {p for p in partitions if start[p] < high[p]}
         end = dict(start)

@@ -65,3 +65,10 @@ def test_nothing_new_reads_nothing(broker, source):
     produce(broker, topic, records(3))
     batch = source.read_batch(topic, {0: 3}, 100, 10**9, 10)
     assert batch.records.num_rows == 0 and batch.end_offsets == {0: 3}
+
+
+def test_committed_offsets_beyond_the_topic_are_refused(broker, source):
+    topic = new_topic(broker, "src.recreated")
+    produce(broker, topic, records(2))
+    with pytest.raises(SourceError, match=r"committed offset 9 is beyond the high watermark 2"):
+        source.read_batch(topic, {0: 9}, 100, 10**9, 10)
