@@ -23,8 +23,8 @@ from cdc_assets.core import (
     BatchSummary,
     decode_change_events,
     derive_layout,
-    fold_to_latest,
-    summarize,
+    fold_events,
+    split_folded,
 )
 from cdc_assets.core.layout import LayoutError
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome
@@ -130,7 +130,7 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
             return BatchReport(table, writer.name, raw, tombstones, None, None, timings)
         mark = time.perf_counter()
         outcome = writer.commit_progress(table.target, commit)
-        timings["fold_merge_commit_s"] = time.perf_counter() - mark
+        timings["merge_commit_s"] = time.perf_counter() - mark
         source.commit_group_offsets(table.topic, raw.end_offsets)
         return BatchReport(table, writer.name, raw, tombstones, None, outcome, timings)
 
@@ -144,23 +144,21 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
         raise LayoutError(f"table '{table.name}' (topic {table.topic}): {exc}") from exc
 
     mark = time.perf_counter()
-    decoded = decode_change_events(spark.createDataFrame(events), layout).persist()
+    events_df = spark.createDataFrame(events)
     timings["to_spark_s"] = time.perf_counter() - mark
-    try:
-        mark = time.perf_counter()
-        summary = summarize(decoded)
-        timings["parse_summarize_s"] = time.perf_counter() - mark
-        if summary.bad_events:
-            assert summary.first_bad_partition is not None and summary.first_bad_offset is not None
-            reason = _explain(events, summary.first_bad_partition, summary.first_bad_offset,
-                              summary.first_bad_reason or "bad event")
-            raise BadEventError(table.topic, summary.first_bad_partition, summary.first_bad_offset, reason,
-                                table.name, summary.bad_events)
-        mark = time.perf_counter()
-        outcome = writer.merge(table.target, fold_to_latest(decoded, layout), layout.key_columns, commit)
-        timings["fold_merge_commit_s"] = time.perf_counter() - mark
-    finally:
-        decoded.unpersist()
+    mark = time.perf_counter()
+    folded = fold_events(decode_change_events(events_df, layout), layout).toArrow()
+    rows, summary = split_folded(folded)
+    timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
+    if summary.bad_events:
+        assert summary.first_bad_partition is not None and summary.first_bad_offset is not None
+        reason = _explain(events, summary.first_bad_partition, summary.first_bad_offset,
+                          summary.first_bad_reason or "bad event")
+        raise BadEventError(table.topic, summary.first_bad_partition, summary.first_bad_offset, reason,
+                            table.name, summary.bad_events)
+    mark = time.perf_counter()
+    outcome = writer.merge(table.target, rows, layout.key_columns, commit)
+    timings["merge_commit_s"] = time.perf_counter() - mark
     mark = time.perf_counter()
     source.commit_group_offsets(table.topic, raw.end_offsets)
     timings["commit_group_offsets_s"] = time.perf_counter() - mark

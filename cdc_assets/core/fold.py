@@ -1,8 +1,13 @@
 """The fold rule: one row per key, the event with the latest position wins; and batch statistics.
 
-The folded batch is what a MERGE applies. Its ``_cdc_op`` tells the writer whether the key ends
-deleted (``d``) or present (``c``/``u``/``r``: snapshot reads are upserts), and its
-``_cdc_position`` lets the MERGE refuse anything not newer than the row already in Delta.
+``fold_events`` is one Spark aggregation that yields, per key, the columns of its latest good event
+and the key's event counts, so parsing, folding and counting cost a single pass over the batch.
+The result is small (at most one row per key of a bounded micro-batch) and leaves Spark as Arrow;
+``split_folded`` then separates the rows a MERGE applies from the batch's ``BatchSummary``.
+
+A folded row's ``_cdc_op`` tells the writer whether the key ends deleted (``d``) or present
+(``c``/``u``/``r``: snapshot reads are upserts), and its ``_cdc_position`` lets the MERGE refuse
+anything not newer than the row already in Delta.
 """
 
 from __future__ import annotations
@@ -10,30 +15,58 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from cdc_assets.core.envelope import ERROR_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, SNAPSHOT_COLUMN
 from cdc_assets.core.layout import OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN, ChangeEventLayout
 
+_COUNTS = {
+    "_n_create": "c",
+    "_n_update": "u",
+    "_n_delete": "d",
+    "_n_read": "r",
+}
+_N_INCREMENTAL = "_n_incremental_read"
+_N_BAD = "_n_bad"
+_FIRST_BAD = "_first_bad"
+_MAX_TS = "_max_source_ts"
+STAT_COLUMNS = (*_COUNTS, _N_INCREMENTAL, _N_BAD, _FIRST_BAD, _MAX_TS)
 
-def fold_to_latest(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
-    """Fold decoded events (errors excluded) to the latest event per key, in the target's columns."""
+
+def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
+    """Per key: the target columns of the latest good event (null if none) and the key's statistics."""
     target_columns = layout.target_type.fieldNames()
     carried = [name for name in target_columns if name not in layout.key_columns]
-    latest = (
-        events.where(F.col(ERROR_COLUMN).isNull())
-        .groupBy(*layout.key_columns)
-        .agg(F.max_by(F.struct(*carried), F.col(POSITION_COLUMN)).alias("_latest"))
+    good = F.col(ERROR_COLUMN).isNull()
+    bad = ~good
+    op = F.col(OP_COLUMN)
+    first_bad = F.min_by(
+        F.struct(F.col(PARTITION_COLUMN).alias("partition"), F.col(OFFSET_COLUMN).alias("offset"),
+                 F.col(ERROR_COLUMN).alias("reason")),
+        F.when(bad, F.struct(F.col(OFFSET_COLUMN), F.col(PARTITION_COLUMN))),
     )
-    return latest.select(*layout.key_columns, *[F.col("_latest")[name].alias(name) for name in carried]).select(
-        *target_columns
+    folded = events.groupBy(*layout.key_columns).agg(
+        # max_by ignores null orderings: bad events never win.
+        F.max_by(F.struct(*carried), F.when(good, F.col(POSITION_COLUMN))).alias("_latest"),
+        *[F.count_if(good & (op == code)).alias(name) for name, code in _COUNTS.items()],
+        F.count_if(good & (op == "r") & (F.col(SNAPSHOT_COLUMN) == "incremental")).alias(_N_INCREMENTAL),
+        F.count_if(bad).alias(_N_BAD),
+        first_bad.alias(_FIRST_BAD),
+        F.max(F.when(good, F.col(SOURCE_TS_COLUMN))).alias(_MAX_TS),
     )
+    return folded.select(
+        *layout.key_columns,
+        *[F.col("_latest")[name].alias(name) for name in carried],
+        *STAT_COLUMNS,
+    ).select(*target_columns, *STAT_COLUMNS)
 
 
 @dataclass(frozen=True)
 class BatchSummary:
-    """What a batch of decoded events holds, computed in one Spark aggregation."""
+    """What a batch of decoded events held."""
 
     events: int
     creates: int
@@ -48,39 +81,30 @@ class BatchSummary:
     first_bad_reason: str | None
 
 
-def summarize(events: DataFrame) -> BatchSummary:
-    """Count events by op, find the newest source timestamp and the first bad event (by offset)."""
-    op = F.col(OP_COLUMN)
-    bad = F.col(ERROR_COLUMN).isNotNull()
-    good = ~bad
-    first_bad = F.min_by(
-        F.struct(F.col(PARTITION_COLUMN).alias("partition"), F.col(OFFSET_COLUMN).alias("offset"),
-                 F.col(ERROR_COLUMN).alias("reason")),
-        F.when(bad, F.struct(F.col(OFFSET_COLUMN), F.col(PARTITION_COLUMN))),
-    )
-    row = events.agg(
-        F.count(F.lit(1)).alias("events"),
-        F.count_if(good & (op == "c")).alias("creates"),
-        F.count_if(good & (op == "u")).alias("updates"),
-        F.count_if(good & (op == "d")).alias("deletes"),
-        F.count_if(good & (op == "r")).alias("snapshot_reads"),
-        F.count_if(good & (op == "r") & (F.col(SNAPSHOT_COLUMN) == "incremental")).alias("incremental"),
-        F.max(F.when(good, F.col(SOURCE_TS_COLUMN))).alias("max_source_ts"),
-        F.count_if(bad).alias("bad"),
-        first_bad.alias("first_bad"),
-    ).first()
-    assert row is not None
-    first = row["first_bad"] if row["bad"] else None
-    return BatchSummary(
-        events=row["events"],
-        creates=row["creates"],
-        updates=row["updates"],
-        deletes=row["deletes"],
-        snapshot_reads=row["snapshot_reads"],
-        incremental_snapshot_reads=row["incremental"],
-        max_source_ts=row["max_source_ts"],
-        bad_events=row["bad"],
+def split_folded(folded: pa.Table) -> tuple[pa.Table, BatchSummary]:
+    """The rows to MERGE (keys with a good event) and the batch summary, from ``fold_events`` output."""
+
+    def total(name: str) -> int:
+        return int(pc.sum(folded[name]).as_py() or 0)
+
+    bad = total(_N_BAD)
+    first: dict | None = None
+    if bad:
+        candidates = [row for row in folded[_FIRST_BAD].to_pylist() if row is not None]
+        first = min(candidates, key=lambda row: (row["offset"], row["partition"]))
+    counts = {name: total(name) for name in _COUNTS}
+    summary = BatchSummary(
+        events=sum(counts.values()) + bad,
+        creates=counts["_n_create"],
+        updates=counts["_n_update"],
+        deletes=counts["_n_delete"],
+        snapshot_reads=counts["_n_read"],
+        incremental_snapshot_reads=total(_N_INCREMENTAL),
+        max_source_ts=pc.max(folded[_MAX_TS]).as_py() if folded.num_rows else None,
+        bad_events=bad,
         first_bad_partition=first["partition"] if first else None,
         first_bad_offset=first["offset"] if first else None,
         first_bad_reason=first["reason"] if first else None,
     )
+    rows = folded.filter(pc.is_valid(folded[OP_COLUMN])).drop_columns(list(STAT_COLUMNS))
+    return rows, summary

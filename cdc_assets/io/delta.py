@@ -1,9 +1,12 @@
 """The Delta sink: one seam, two writers that produce the same table contents and commit metadata.
 
-- ``DeltaRsWriter`` (the ``deltalake`` package): the folded batch leaves Spark as Arrow and is
-  merged with ``DeltaTable.merge``. The embedded default.
+- ``DeltaRsWriter`` (the ``deltalake`` package): merges the folded rows with ``DeltaTable.merge``.
+  The embedded default.
 - ``DeltaSparkWriter``: Spark SQL ``MERGE INTO delta.`path```, for sessions that have Delta
   (clusters, Databricks).
+
+Both take the folded batch as Arrow: it is bounded by the micro-batch (at most one row per key of
+at most ``max_records`` events) and has already left Spark once, with the batch statistics.
 
 Every commit that applies a batch carries, in the same atomic commit as the data:
 - an app transaction ``(app_id, version)``; ``version`` grows with the offsets, so a batch that was
@@ -26,7 +29,7 @@ from typing import Protocol
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -97,9 +100,9 @@ class DeltaWriter(Protocol):
         """Offsets and txn version of the latest batch commit, or None if none was made."""
         ...
 
-    def merge(self, target: DeltaTarget, batch: DataFrame, key_columns: Sequence[str],
+    def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
               commit: CommitRequest) -> MergeOutcome:
-        """Create the table if needed and MERGE the folded batch, with ``commit`` in the same commit."""
+        """Create the table if needed and MERGE the folded rows, with ``commit`` in the same commit."""
         ...
 
     def commit_progress(self, target: DeltaTarget, commit: CommitRequest) -> MergeOutcome:
@@ -172,9 +175,8 @@ class DeltaRsWriter:
                 "its offsets (history cleaned up?): refusing to guess where to resume")
         return progress
 
-    def merge(self, target: DeltaTarget, batch: DataFrame, key_columns: Sequence[str],
+    def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
               commit: CommitRequest) -> MergeOutcome:
-        rows = batch.toArrow()
         table = self._table(target)
         if table is None:
             table = DeltaTable.create(target.path, schema=rows.schema, storage_options=dict(target.storage_options))
@@ -261,10 +263,11 @@ class DeltaSparkWriter:
         return _progress_from_history(history, app_id) or _progress_from_history(
             self._history(target, None) or [], app_id)
 
-    def merge(self, target: DeltaTarget, batch: DataFrame, key_columns: Sequence[str],
+    def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
               commit: CommitRequest) -> MergeOutcome:
         from delta.tables import DeltaTable as SparkDeltaTable
 
+        batch = self._spark.createDataFrame(rows)
         if self._history(target, 1) is None:
             SparkDeltaTable.createIfNotExists(self._spark).location(target.path).addColumns(batch.schema).execute()
         before = self._latest_version(target)

@@ -5,7 +5,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from cdc_assets.core import decode_change_events, derive_layout, fold_to_latest, summarize
+from cdc_assets.core import decode_change_events, derive_layout, fold_events, split_folded
 from cdc_assets.core.layout import LayoutError
 from cdc_assets.demo.events import encode_key, envelope, postgres_source, sqlserver_source
 
@@ -20,6 +20,12 @@ def raw_frame(spark, records, partition=0):
         "value": pa.array([v for _, v in records], pa.binary()),
     })
     return spark.createDataFrame(table)
+
+
+def fold(events, layout):
+    """Folded rows (as dicts) and the batch summary."""
+    rows, summary = split_folded(fold_events(events, layout).toArrow())
+    return rows.to_pylist(), summary
 
 
 def decode(spark, kind, records, **layout_options):
@@ -64,8 +70,9 @@ def test_delete_without_before_image_takes_its_key_from_the_record_key(spark):
     records = [(encode_key({"id": 111}), envelope("c", None, {"id": 111, "name": "x"}, SOURCE, 1)),
                (encode_key({"id": 111}), envelope("d", None, None, {**SOURCE, "lsn": 200}, 2))]
     layout, events = decode(spark, "postgresql", records)
-    folded = fold_to_latest(events, layout).collect()
-    assert [(r["id"], r["_cdc_op"]) for r in folded] == [(111, "d")]
+    rows, summary = fold(events, layout)
+    assert [(r["id"], r["_cdc_op"]) for r in rows] == [(111, "d")]
+    assert (summary.creates, summary.deletes, summary.events) == (1, 1, 2)
 
 
 @pytest.mark.parametrize(("value", "reason"), [
@@ -78,17 +85,18 @@ def test_delete_without_before_image_takes_its_key_from_the_record_key(spark):
 def test_bad_events_are_flagged_with_their_reason(spark, value, reason):
     good = (encode_key({"id": 1}), envelope("c", None, {"id": 1, "qty": 2}, SOURCE, 1))
     records = [good, (encode_key({"id": 1}), value)]
-    _, events = decode(spark, "postgresql", records, configured_columns={"id": "bigint", "qty": "bigint"})
-    summary = summarize(events)
+    layout, events = decode(spark, "postgresql", records, configured_columns={"id": "bigint", "qty": "bigint"})
+    rows, summary = fold(events, layout)
     assert (summary.bad_events, summary.first_bad_offset, summary.first_bad_reason) == (1, 1, reason)
     assert summary.creates == 1
+    assert [(r["id"], r["qty"]) for r in rows] == [(1, 2)]  # a bad event never wins the fold
 
 
 def test_missing_key_is_flagged(spark):
     records = [(None, envelope("c", None, {"name": "no id"}, SOURCE, 1))]
     layout = derive_layout("postgresql", [], [records[0][1]], configured_keys=["id"])
-    summary = summarize(decode_change_events(raw_frame(spark, records), layout))
-    assert summary.first_bad_reason.startswith("cannot extract key column(s) ['id']")
+    rows, summary = fold(decode_change_events(raw_frame(spark, records), layout), layout)
+    assert rows == [] and summary.first_bad_reason.startswith("cannot extract key column(s) ['id']")
 
 
 def test_no_key_anywhere_is_a_layout_error():
@@ -104,5 +112,5 @@ def test_sqlserver_primary_key_change_in_one_batch_removes_the_old_key(spark):
                (encode_key({"id": 2}), envelope("c", None, new, {**src, "event_serial_no": 2}, 5))]
     records = [r for r in records if r[1] is not None]
     layout, events = decode(spark, "sqlserver", records)
-    folded = sorted((r["id"], r["_cdc_op"]) for r in fold_to_latest(events, layout).collect())
-    assert folded == [(1, "d"), (2, "c")]
+    rows, _ = fold(events, layout)
+    assert sorted((r["id"], r["_cdc_op"]) for r in rows) == [(1, "d"), (2, "c")]

@@ -2,22 +2,23 @@
 
 import json
 
+import pyarrow as pa
 import pytest
-from pyspark.sql import types as T
 
 from cdc_assets.io.delta import CommitRequest, DeltaTarget, DeltaWriterError, select_writer
 
-SCHEMA = T.StructType([
-    T.StructField("My Id", T.LongType()),  # a key column that needs quoting
-    T.StructField("name", T.StringType()),
-    T.StructField("_cdc_op", T.StringType()),
-    T.StructField("_cdc_position", T.StringType()),
-    T.StructField("_cdc_source_ts", T.TimestampType()),
+SCHEMA = pa.schema([
+    ("My Id", pa.int64()),  # a key column that needs quoting
+    ("name", pa.string()),
+    ("_cdc_op", pa.string()),
+    ("_cdc_position", pa.string()),
+    ("_cdc_source_ts", pa.timestamp("us", tz="UTC")),
 ])
 
 
 def batch(spark, *rows):
-    return spark.createDataFrame([(k, n, op, pos, None) for k, n, op, pos in rows], SCHEMA)
+    return pa.Table.from_pylist([dict(zip(SCHEMA.names, (k, n, op, pos, None), strict=True))
+                                 for k, n, op, pos in rows], schema=SCHEMA)
 
 
 def commit(version, offsets):
