@@ -42,9 +42,11 @@ TOPIC = "bench.public.accounts"
 
 
 class PeakRss:
-    """Samples the RSS of this process and all its children (the JVM) in a thread."""
+    """Samples the RSS of this process and all its children (the JVM) in a thread; the local broker
+    (the test harness, not the project) is left out."""
 
-    def __init__(self, interval_s: float = 0.2):
+    def __init__(self, exclude_pid: int, interval_s: float = 0.2):
+        self._exclude = exclude_pid
         self.peak = 0
         self.peak_python = 0
         self._interval = interval_s
@@ -57,7 +59,8 @@ class PeakRss:
             total = python = me.memory_info().rss
             for process in me.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    total += process.memory_info().rss
+                    if process.pid != self._exclude and self._exclude not in {p.pid for p in process.parents()}:
+                        total += process.memory_info().rss
             self.peak = max(self.peak, total)
             self.peak_python = max(self.peak_python, python)
             self._stop.wait(self._interval)
@@ -158,7 +161,7 @@ def main() -> None:
         len_records = len(records)
         del records
         ceiling = consume_only(broker.bootstrap_servers, args.partitions, len_records)
-        with PeakRss() as rss:
+        with PeakRss(exclude_pid=broker.pid) as rss:
             started = time.perf_counter()
             builder = SparkSession.builder
             for key, value in spark_config().items():

@@ -5,7 +5,9 @@ Starts on 127.0.0.1 with a free port and a fresh data dir, and stops with the co
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +44,11 @@ class LocalBroker:
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int | None:
+        """Process id of the broker's process group leader, while it runs."""
+        return self._process.pid if self._process is not None else None
+
+    @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
@@ -69,11 +76,13 @@ class LocalBroker:
     def stop(self) -> None:
         """Stop the broker (and remove its data dir if this object made it)."""
         if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
+            # The noida-db entry point is a wrapper that runs the real binary as its child: signal the
+            # whole process group, or the broker outlives the wrapper.
+            os.killpg(self._process.pid, signal.SIGTERM)
             try:
                 self._process.wait(10)
             except subprocess.TimeoutExpired:
-                self._process.kill()
+                os.killpg(self._process.pid, signal.SIGKILL)
                 self._process.wait(10)
         self._process = None
         if self._own_dir:
