@@ -55,6 +55,8 @@ def report_metadata(report: BatchReport) -> dict[str, object]:
             events_snapshot_read=summary.snapshot_reads,
             incremental_snapshot_reads=summary.incremental_snapshot_reads,
         )
+        if summary.last_incremental_snapshot_read_ts is not None:
+            metadata["last_incremental_snapshot_read_at"] = summary.last_incremental_snapshot_read_ts.isoformat()
     if report.capture_lag_s is not None:
         metadata["capture_lag_s"] = round(report.capture_lag_s, 3)
     if outcome is not None:

@@ -115,6 +115,36 @@ class TableConfig(_Model):
         return keys
 
 
+class SignalConfig(_Model):
+    """How to send the connector signals (incremental snapshots): its Kafka signal topic, or the
+    signal table in the source database (connection string from an env var)."""
+
+    channel: Literal["kafka", "source"] = "kafka"
+    topic: str | None = Field(default=None, description="the connector's signal.kafka.topic")
+    table: str | None = Field(default=None, description="the connector's signal.data.collection, schema.table")
+    dsn_env: str | None = Field(default=None, description="env var with the source database connection string")
+
+    @model_validator(mode="after")
+    def _channel_settings(self) -> SignalConfig:
+        if self.channel == "kafka" and not self.topic:
+            raise ValueError("the kafka signal channel needs 'topic' (the connector's signal.kafka.topic)")
+        if self.channel == "source" and not (self.table and self.dsn_env):
+            raise ValueError("the source signal channel needs 'table' and 'dsn_env'")
+        return self
+
+
+class SnapshotScheduleConfig(_Model):
+    """A cron schedule that requests an incremental snapshot of some tables (e.g. a weekly repair)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_]+$")
+    cron: str
+    tables: list[str] = Field(min_length=1, description="table names or regexes, '<schema>.<table>'")
+    additional_condition: str | None = None
+    surrogate_key: str | None = None
+    running: bool = False
+    timezone: str = "UTC"
+
+
 class ConnectorConfig(_Model):
     """One Debezium connector: its kind, ``topic.prefix`` and captured tables."""
 
@@ -123,6 +153,8 @@ class ConnectorConfig(_Model):
     topic_prefix: str = Field(alias="topic.prefix")
     tables: list[TableConfig] = Field(default_factory=list)
     include: list[str] = Field(default_factory=list, description="regexes over '<schema>.<table>'")
+    signal: SignalConfig | None = None
+    snapshot_schedules: list[SnapshotScheduleConfig] = Field(default_factory=list)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -144,16 +176,27 @@ class ConnectorConfig(_Model):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"connector '{self.name}' lists tables more than once: {duplicates}")
+        if self.snapshot_schedules and self.signal is None:
+            raise ValueError(f"connector '{self.name}' has snapshot_schedules but no signal channel")
         return self
 
 
+class MergeScheduleConfig(_Model):
+    """A cron schedule for ``cdc_merge_job``."""
+
+    cron: str
+    running: bool = False
+    timezone: str = "UTC"
+
+
 class PipelineConfig(_Model):
-    """The whole pipeline: Kafka, Spark, Delta, batch limits and connectors."""
+    """The whole pipeline: Kafka, Spark, Delta, batch limits, connectors and the merge schedule."""
 
     kafka: KafkaConfig
     spark: SparkConfig = Field(default_factory=SparkConfig)
     delta: DeltaConfig
     batch: BatchLimits = Field(default_factory=BatchLimits)
+    merge_schedule: MergeScheduleConfig | None = None
     connectors: list[ConnectorConfig]
 
     @model_validator(mode="after")

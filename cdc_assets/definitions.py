@@ -1,4 +1,5 @@
-"""The code location: one Definitions assembling CDC assets, jobs and resources from the pipeline config."""
+"""The code location: one Definitions assembling CDC assets, jobs, schedules, sensors and resources
+from the pipeline config."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from cdc_assets.catalog import resolve_tables
 from cdc_assets.config import PipelineConfig, load_config
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.resources import build_resources, kafka_client_settings
-from jobs import cdc_merge_job
+from jobs import (
+    build_merge_schedules,
+    build_snapshot_schedules,
+    cdc_merge_job,
+    incremental_snapshot_job,
+    stop_snapshot_job,
+)
+from sensors import make_snapshot_backfill_sensor
 
 
 def build_definitions(config: PipelineConfig) -> Definitions:
@@ -22,9 +30,16 @@ def build_definitions(config: PipelineConfig) -> Definitions:
             source.close()
 
     tables = resolve_tables(config, list_topics=list_topics)
+    signalled = {connector.name for connector in config.connectors if connector.signal is not None}
+    sensors = []
+    if signalled:
+        sensors.append(make_snapshot_backfill_sensor([t for t in tables if t.connector in signalled],
+                                                     incremental_snapshot_job, cdc_merge_job))
     return Definitions(
         assets=[build_cdc_asset(table, config.batch) for table in tables],
-        jobs=[cdc_merge_job],
+        jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job],
+        schedules=[*build_merge_schedules(config), *build_snapshot_schedules(config)],
+        sensors=sensors,
         resources=build_resources(config),
         # One process and one Spark session for all tables of a run: a JVM start costs seconds.
         executor=in_process_executor,

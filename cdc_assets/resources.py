@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dagster import ConfigurableResource, EnvVar, InitResourceContext
+from dagster import Config, ConfigurableResource, EnvVar, InitResourceContext
 from dagster_pyspark import LazyPySparkResource
 from pydantic import PrivateAttr
 from pyspark.sql import SparkSession
@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 from cdc_assets.config import KafkaConfig, PipelineConfig
 from cdc_assets.io.delta import DeltaWriter, select_writer
 from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.signals import KafkaSignalChannel, SignalChannel, SignalError, SourceTableSignalChannel
 from cdc_assets.io.spark import spark_config
 
 
@@ -89,6 +90,37 @@ class DeltaResource(ConfigurableResource):
         return select_writer(self.writer, spark)
 
 
+class ConnectorSignals(Config):
+    """One connector's signal channel settings."""
+
+    topic_prefix: str
+    channel: str
+    topic: str | None = None
+    table: str | None = None
+    dsn: str | None = None
+
+
+class SignalsResource(ConfigurableResource):
+    """Signal channels per connector and the signals audit table."""
+
+    connectors: dict[str, ConnectorSignals] = {}
+    audit_path: str
+    storage_options: dict[str, str] = {}
+
+    def channel(self, connector: str, kafka: KafkaResource, channel: str | None = None) -> SignalChannel:
+        """The channel to signal ``connector`` through (its configured one unless ``channel`` says)."""
+        settings = self.connectors.get(connector)
+        if settings is None:
+            raise SignalError(f"connector '{connector}' has no signal channel configured "
+                              f"(configured: {sorted(self.connectors) or 'none'})")
+        wanted = channel or settings.channel
+        if wanted == "kafka" and settings.topic:
+            return KafkaSignalChannel(kafka.client_settings(), settings.topic, settings.topic_prefix)
+        if wanted == "source" and settings.table and settings.dsn:
+            return SourceTableSignalChannel(settings.dsn, settings.table)
+        raise SignalError(f"connector '{connector}' has no '{wanted}' signal channel configured")
+
+
 def build_resources(config: PipelineConfig) -> dict[str, Any]:
     """The resources a pipeline config asks for, keyed as the assets expect them."""
     kafka = config.kafka
@@ -111,4 +143,20 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
             settings=dict(kafka.settings),
         ),
         "delta": DeltaResource(writer=config.delta.writer),
+        "signals": SignalsResource(
+            connectors={
+                connector.name: ConnectorSignals(
+                    topic_prefix=connector.topic_prefix, channel=connector.signal.channel,
+                    topic=connector.signal.topic, table=connector.signal.table,
+                    dsn=secret(connector.signal.dsn_env))
+                for connector in config.connectors if connector.signal is not None
+            },
+            audit_path=signals_audit_path(config),
+            storage_options=dict(config.delta.storage_options),
+        ),
     }
+
+
+def signals_audit_path(config: PipelineConfig) -> str:
+    """The signals audit table: ``<delta root>/_cdc_assets/signals``."""
+    return config.delta.root.rstrip("/") + "/_cdc_assets/signals"

@@ -1,5 +1,18 @@
-"""Jobs of the code location."""
+"""Jobs of the code location: the micro-batch merge and the snapshot signals."""
 
-from jobs.merge import cdc_merge_job
+from jobs.merge import build_merge_schedules, cdc_merge_job
+from jobs.snapshots import (
+    build_snapshot_schedules,
+    execute_snapshot_run_config,
+    incremental_snapshot_job,
+    stop_snapshot_job,
+)
 
-__all__ = ["cdc_merge_job"]
+__all__ = [
+    "build_merge_schedules",
+    "build_snapshot_schedules",
+    "cdc_merge_job",
+    "execute_snapshot_run_config",
+    "incremental_snapshot_job",
+    "stop_snapshot_job",
+]

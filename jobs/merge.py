@@ -1,6 +1,14 @@
 """The micro-batch merge job: one MERGE per captured table, in one process and one Spark session."""
 
-from dagster import AssetSelection, define_asset_job, in_process_executor
+from dagster import (
+    AssetSelection,
+    DefaultScheduleStatus,
+    ScheduleDefinition,
+    define_asset_job,
+    in_process_executor,
+)
+
+from cdc_assets.config import PipelineConfig
 
 cdc_merge_job = define_asset_job(
     "cdc_merge_job",
@@ -9,3 +17,14 @@ cdc_merge_job = define_asset_job(
     executor_def=in_process_executor,
     description="Merge each captured table's new change events into its Delta table (one micro-batch each).",
 )
+
+
+def build_merge_schedules(config: PipelineConfig) -> list[ScheduleDefinition]:
+    """The merge schedule from the config (none if the config has no ``merge_schedule``)."""
+    schedule = config.merge_schedule
+    if schedule is None:
+        return []
+    return [ScheduleDefinition(
+        name="cdc_merge_schedule", job=cdc_merge_job, cron_schedule=schedule.cron,
+        execution_timezone=schedule.timezone,
+        default_status=DefaultScheduleStatus.RUNNING if schedule.running else DefaultScheduleStatus.STOPPED)]

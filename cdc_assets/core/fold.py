@@ -33,7 +33,8 @@ _N_INCREMENTAL = "_n_incremental_read"
 _N_BAD = "_n_bad"
 _FIRST_BAD = "_first_bad"
 _MAX_TS = "_max_source_ts"
-STAT_COLUMNS = (*_COUNTS, _N_INCREMENTAL, _N_BAD, _FIRST_BAD, _MAX_TS)
+_MAX_INCREMENTAL_TS = "_max_incremental_read_ts"
+STAT_COLUMNS = (*_COUNTS, _N_INCREMENTAL, _N_BAD, _FIRST_BAD, _MAX_TS, _MAX_INCREMENTAL_TS)
 
 
 def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
@@ -43,6 +44,7 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
     good = F.col(ERROR_COLUMN).isNull()
     bad = ~good
     op = F.col(OP_COLUMN)
+    incremental = good & (op == "r") & (F.col(SNAPSHOT_COLUMN) == "incremental")
     first_bad = F.min_by(
         F.struct(F.col(PARTITION_COLUMN).alias("partition"), F.col(OFFSET_COLUMN).alias("offset"),
                  F.col(ERROR_COLUMN).alias("reason")),
@@ -52,10 +54,11 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
         # max_by ignores null orderings: bad events never win.
         F.max_by(F.struct(*carried), F.when(good, F.col(POSITION_COLUMN))).alias("_latest"),
         *[F.count_if(good & (op == code)).alias(name) for name, code in _COUNTS.items()],
-        F.count_if(good & (op == "r") & (F.col(SNAPSHOT_COLUMN) == "incremental")).alias(_N_INCREMENTAL),
+        F.count_if(incremental).alias(_N_INCREMENTAL),
         F.count_if(bad).alias(_N_BAD),
         first_bad.alias(_FIRST_BAD),
         F.max(F.when(good, F.col(SOURCE_TS_COLUMN))).alias(_MAX_TS),
+        F.max(F.when(incremental, F.col(SOURCE_TS_COLUMN))).alias(_MAX_INCREMENTAL_TS),
     )
     return folded.select(
         *layout.key_columns,
@@ -74,6 +77,7 @@ class BatchSummary:
     deletes: int
     snapshot_reads: int
     incremental_snapshot_reads: int
+    last_incremental_snapshot_read_ts: datetime | None
     max_source_ts: datetime | None
     bad_events: int
     first_bad_partition: int | None
@@ -100,6 +104,7 @@ def split_folded(folded: pa.Table) -> tuple[pa.Table, BatchSummary]:
         deletes=counts["_n_delete"],
         snapshot_reads=counts["_n_read"],
         incremental_snapshot_reads=total(_N_INCREMENTAL),
+        last_incremental_snapshot_read_ts=pc.max(folded[_MAX_INCREMENTAL_TS]).as_py() if folded.num_rows else None,
         max_source_ts=pc.max(folded[_MAX_TS]).as_py() if folded.num_rows else None,
         bad_events=bad,
         first_bad_partition=first["partition"] if first else None,
