@@ -41,6 +41,7 @@ def report_metadata(report: BatchReport) -> dict[str, object]:
     metadata: dict[str, object] = {
         "events_read": report.events_read,
         "tombstones_skipped": report.tombstones,
+        "dead_lettered_events": report.dead_lettered,
         "offsets": MetadataValue.json(json.loads(report.offsets_json())),
         "caught_up": report.raw.caught_up,
         "writer": report.writer,

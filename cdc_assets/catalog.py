@@ -23,6 +23,9 @@ class CapturedTable:
     target: DeltaTarget
     key_columns: tuple[str, ...] | None = None
     columns: dict[str, str] | None = None
+    on_bad_event: str = "halt"
+    apply_mode: str = "scd1"
+    dead_letter: DeltaTarget | None = None
 
     @property
     def asset_key_path(self) -> list[str]:
@@ -33,6 +36,11 @@ class CapturedTable:
     def app_id(self) -> str:
         """The Delta app-transaction id under which this table's offsets are committed."""
         return f"cdc_assets:{self.topic}"
+
+
+def pipeline_table_path(root: str, name: str) -> str:
+    """Where a pipeline's own tables live: ``<delta root>/_cdc_assets/<name>``."""
+    return root.rstrip("/") + "/_cdc_assets/" + name
 
 
 def _is_url(path: str) -> bool:
@@ -91,6 +99,10 @@ def resolve_tables(config: PipelineConfig, list_topics: Callable[[], Iterable[st
                                        dict(config.delta.storage_options)),
                     key_columns=tuple(table.key_columns) if table.key_columns else None,
                     columns=dict(table.columns) if table.columns else None,
+                    on_bad_event=table.on_bad_event,
+                    apply_mode=table.apply_mode,
+                    dead_letter=DeltaTarget(pipeline_table_path(config.delta.root, "dead_letter"),
+                                            dict(config.delta.storage_options)),
                 )
             )
     return tables

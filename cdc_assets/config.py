@@ -99,6 +99,10 @@ class TableConfig(_Model):
     )
     path: str | None = None
     topic: str | None = None
+    on_bad_event: Literal["halt", "dead_letter"] = Field(
+        default="halt", description="halt: commit nothing and fail; dead_letter: apply the rest, keep bad events "
+                                    "in the pipeline's dead-letter table")
+    apply_mode: Literal["scd1", "soft_delete", "scd2"] = "scd1"
 
     @field_validator("name")
     @classmethod

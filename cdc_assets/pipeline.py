@@ -26,7 +26,9 @@ from cdc_assets.core import (
     fold_events,
     split_folded,
 )
+from cdc_assets.core.fold import BadEvent
 from cdc_assets.core.layout import LayoutError
+from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome
 from cdc_assets.io.kafka_source import KafkaSource, RawBatch
 
@@ -40,8 +42,9 @@ class BadEventError(RuntimeError):
         self.topic, self.partition, self.offset, self.reason = topic, partition, offset, reason
         super().__init__(
             f"{topic} partition {partition} offset {offset}: {reason}. Halted: nothing of this batch was committed "
-            f"to table '{table}' ({bad_events} bad event(s) in the batch); fix the producer or the table's config "
-            "and run again")
+            f"to table '{table}' ({bad_events} bad event(s) in the batch). Fix the producer or the table's config "
+            "and run again, or set the table's on_bad_event: dead_letter to apply the rest and keep bad events in "
+            "the dead-letter table")
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class BatchReport:
     summary: BatchSummary | None
     outcome: MergeOutcome | None
     timings: dict[str, float] = field(default_factory=dict)
+    dead_lettered: int = 0
 
     @property
     def events_read(self) -> int:
@@ -150,12 +154,17 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     folded = fold_events(decode_change_events(events_df, layout), layout).toArrow()
     rows, summary = split_folded(folded)
     timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
+    dead_lettered = 0
     if summary.bad_events:
-        assert summary.first_bad_partition is not None and summary.first_bad_offset is not None
-        reason = _explain(events, summary.first_bad_partition, summary.first_bad_offset,
-                          summary.first_bad_reason or "bad event")
-        raise BadEventError(table.topic, summary.first_bad_partition, summary.first_bad_offset, reason,
-                            table.name, summary.bad_events)
+        bad = [BadEvent(e.offset, e.partition, _explain(events, e.partition, e.offset, e.reason))
+               for e in summary.bad_events]
+        if table.on_bad_event != "dead_letter" or table.dead_letter is None:
+            first = bad[0]
+            raise BadEventError(table.topic, first.partition, first.offset, first.reason, table.name, len(bad))
+        mark = time.perf_counter()
+        write_dead_letters(table.dead_letter, dead_letter_rows(table.topic, table.name, events, bad))
+        dead_lettered = len(bad)
+        timings["dead_letter_s"] = time.perf_counter() - mark
     mark = time.perf_counter()
     outcome = writer.merge(table.target, rows, layout.key_columns, commit)
     timings["merge_commit_s"] = time.perf_counter() - mark
@@ -163,4 +172,4 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     source.commit_group_offsets(table.topic, raw.end_offsets)
     timings["commit_group_offsets_s"] = time.perf_counter() - mark
     timings["total_s"] = time.perf_counter() - started
-    return BatchReport(table, writer.name, raw, tombstones, summary, outcome, timings)
+    return BatchReport(table, writer.name, raw, tombstones, summary, outcome, timings, dead_lettered)

@@ -10,6 +10,7 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import PrivateAttr
 from pyspark.sql import SparkSession
 
+from cdc_assets.catalog import pipeline_table_path
 from cdc_assets.config import KafkaConfig, PipelineConfig
 from cdc_assets.io.delta import DeltaWriter, select_writer
 from cdc_assets.io.kafka_source import KafkaSource
@@ -159,4 +160,4 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
 
 def signals_audit_path(config: PipelineConfig) -> str:
     """The signals audit table: ``<delta root>/_cdc_assets/signals``."""
-    return config.delta.root.rstrip("/") + "/_cdc_assets/signals"
+    return pipeline_table_path(config.delta.root, "signals")

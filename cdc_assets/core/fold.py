@@ -30,11 +30,10 @@ _COUNTS = {
     "_n_read": "r",
 }
 _N_INCREMENTAL = "_n_incremental_read"
-_N_BAD = "_n_bad"
-_FIRST_BAD = "_first_bad"
+_BAD = "_bad_events"
 _MAX_TS = "_max_source_ts"
 _MAX_INCREMENTAL_TS = "_max_incremental_read_ts"
-STAT_COLUMNS = (*_COUNTS, _N_INCREMENTAL, _N_BAD, _FIRST_BAD, _MAX_TS, _MAX_INCREMENTAL_TS)
+STAT_COLUMNS = (*_COUNTS, _N_INCREMENTAL, _BAD, _MAX_TS, _MAX_INCREMENTAL_TS)
 
 
 def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
@@ -45,18 +44,16 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
     bad = ~good
     op = F.col(OP_COLUMN)
     incremental = good & (op == "r") & (F.col(SNAPSHOT_COLUMN) == "incremental")
-    first_bad = F.min_by(
-        F.struct(F.col(PARTITION_COLUMN).alias("partition"), F.col(OFFSET_COLUMN).alias("offset"),
-                 F.col(ERROR_COLUMN).alias("reason")),
-        F.when(bad, F.struct(F.col(OFFSET_COLUMN), F.col(PARTITION_COLUMN))),
-    )
+    # collect_list skips nulls: only bad events are listed (usually none at all).
+    bad_events = F.collect_list(F.when(bad, F.struct(
+        F.col(PARTITION_COLUMN).alias("partition"), F.col(OFFSET_COLUMN).alias("offset"),
+        F.col(ERROR_COLUMN).alias("reason"))))
     folded = events.groupBy(*layout.key_columns).agg(
         # max_by ignores null orderings: bad events never win.
         F.max_by(F.struct(*carried), F.when(good, F.col(POSITION_COLUMN))).alias("_latest"),
         *[F.count_if(good & (op == code)).alias(name) for name, code in _COUNTS.items()],
         F.count_if(incremental).alias(_N_INCREMENTAL),
-        F.count_if(bad).alias(_N_BAD),
-        first_bad.alias(_FIRST_BAD),
+        bad_events.alias(_BAD),
         F.max(F.when(good, F.col(SOURCE_TS_COLUMN))).alias(_MAX_TS),
         F.max(F.when(incremental, F.col(SOURCE_TS_COLUMN))).alias(_MAX_INCREMENTAL_TS),
     )
@@ -67,9 +64,18 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
     ).select(*target_columns, *STAT_COLUMNS)
 
 
+@dataclass(frozen=True, order=True)
+class BadEvent:
+    """An event that cannot be applied: its Kafka coordinates and why."""
+
+    offset: int
+    partition: int
+    reason: str
+
+
 @dataclass(frozen=True)
 class BatchSummary:
-    """What a batch of decoded events held."""
+    """What a batch of decoded events held; ``bad_events`` ordered by offset."""
 
     events: int
     creates: int
@@ -79,10 +85,7 @@ class BatchSummary:
     incremental_snapshot_reads: int
     last_incremental_snapshot_read_ts: datetime | None
     max_source_ts: datetime | None
-    bad_events: int
-    first_bad_partition: int | None
-    first_bad_offset: int | None
-    first_bad_reason: str | None
+    bad_events: tuple[BadEvent, ...]
 
 
 def split_folded(folded: pa.Table) -> tuple[pa.Table, BatchSummary]:
@@ -91,14 +94,11 @@ def split_folded(folded: pa.Table) -> tuple[pa.Table, BatchSummary]:
     def total(name: str) -> int:
         return int(pc.sum(folded[name]).as_py() or 0)
 
-    bad = total(_N_BAD)
-    first: dict | None = None
-    if bad:
-        candidates = [row for row in folded[_FIRST_BAD].to_pylist() if row is not None]
-        first = min(candidates, key=lambda row: (row["offset"], row["partition"]))
+    bad = tuple(sorted(BadEvent(row["offset"], row["partition"], row["reason"])
+                       for row in pc.list_flatten(folded[_BAD]).to_pylist()))
     counts = {name: total(name) for name in _COUNTS}
     summary = BatchSummary(
-        events=sum(counts.values()) + bad,
+        events=sum(counts.values()) + len(bad),
         creates=counts["_n_create"],
         updates=counts["_n_update"],
         deletes=counts["_n_delete"],
@@ -107,9 +107,6 @@ def split_folded(folded: pa.Table) -> tuple[pa.Table, BatchSummary]:
         last_incremental_snapshot_read_ts=pc.max(folded[_MAX_INCREMENTAL_TS]).as_py() if folded.num_rows else None,
         max_source_ts=pc.max(folded[_MAX_TS]).as_py() if folded.num_rows else None,
         bad_events=bad,
-        first_bad_partition=first["partition"] if first else None,
-        first_bad_offset=first["offset"] if first else None,
-        first_bad_reason=first["reason"] if first else None,
     )
     rows = folded.filter(pc.is_valid(folded[OP_COLUMN])).drop_columns(list(STAT_COLUMNS))
     return rows, summary
