@@ -1,5 +1,6 @@
 """One micro-batch end to end: real broker, Spark, Delta on disk; real captures and the seeds."""
 
+import datetime as dt
 import json
 
 import pyarrow as pa
@@ -216,3 +217,19 @@ def test_dead_letter_policy_applies_good_events_and_keeps_every_bad_one(spark, b
                        "value": pa.array([r["value"] for r in dead[:10]], pa.binary())})
     write_dead_letters(table.dead_letter, dead_letter_rows(topic, table.name, events, again))
     assert DeltaTable(str(tmp_path / "dead_letter")).count() == 1000
+
+
+def test_logical_types_reach_delta(spark, broker, writer, tmp_path):
+    from tests.core.test_types import FIELDS, wrapped
+
+    topic = new_topic(broker, "dbserver1.public.typed")
+    value = wrapped([f for f, _, _ in FIELDS], {f["field"]: v for f, v, _ in FIELDS})
+    produce(broker, topic, [(b'{"id": 1}', value)])
+    table = captured_table(topic, tmp_path)
+    run_batch(spark, broker, writer, table)
+    row = read_rows(spark, writer, table)[(1,)]
+    for field, _, expected in FIELDS:
+        got = row[field["field"]]
+        if isinstance(got, dt.datetime) and got.tzinfo is not None:
+            got = got.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        assert got == expected, field["field"]

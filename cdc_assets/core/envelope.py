@@ -5,9 +5,9 @@ already removed). Output: one row per event with the table's columns, the hidden
 columns, the Kafka coordinates and ``_cdc_error``: the reason an event cannot be applied, or null.
 
 Values are accepted with or without the JSON converter's ``schema``/``payload`` wrapper, decided
-per event. Row columns are read as JSON text and then cast, so numbers sent as strings
-(``"pk": "1"``) and ISO timestamps parse, and a value that does not fit its type is reported
-instead of silently becoming null.
+per event. Row columns are read as JSON text and then converted (``core.types``), so numbers sent
+as strings (``"pk": "1"``), ISO timestamps and Debezium logical types parse, and a value that does
+not fit its type is reported instead of silently becoming null.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from cdc_assets.core.layout import (
     ChangeEventLayout,
 )
 from cdc_assets.core.position import event_position
+from cdc_assets.core.types import convert, is_nested
 
 PARTITION_COLUMN = "_kafka_partition"
 OFFSET_COLUMN = "_kafka_offset"
@@ -46,14 +47,10 @@ TRANSACTION_TYPE = T.StructType(
 )
 
 
-def _is_primitive(data_type: T.DataType) -> bool:
-    return not isinstance(data_type, (T.StructType, T.ArrayType, T.MapType))
-
-
 def _as_parsed(row_type: T.StructType) -> T.StructType:
-    """The row type as ``from_json`` reads it: primitives as JSON text, nested types as themselves."""
+    """The row type as ``from_json`` reads it: top-level values as JSON text, nested types as themselves."""
     return T.StructType(
-        [T.StructField(f.name, T.StringType() if _is_primitive(f.dataType) else f.dataType) for f in row_type.fields]
+        [T.StructField(f.name, f.dataType if is_nested(f.dataType) else T.StringType()) for f in row_type.fields]
     )
 
 
@@ -81,10 +78,6 @@ def _unwrap(text: Column, body: T.StructType) -> Column:
     return F.when(parsed["payload"].isNotNull(), parsed["payload"]).otherwise(F.when(parsed.isNotNull(), bare))
 
 
-def _typed(text: Column, data_type: T.DataType) -> Column:
-    return text.try_cast(data_type) if _is_primitive(data_type) else text
-
-
 def decode_change_events(raw: DataFrame, layout: ChangeEventLayout) -> DataFrame:
     """Decode raw records into one typed row per change event, with ``_cdc_error`` per event."""
     envelope = _unwrap(F.col("value").cast("string"), envelope_type(layout))
@@ -106,18 +99,19 @@ def decode_change_events(raw: DataFrame, layout: ChangeEventLayout) -> DataFrame
     else:
         for field in layout.row_type.fields:
             text = image[field.name]
-            value = _typed(text, field.dataType)
+            value = convert(text, layout.column_type(field.name))
             columns[field.name] = value
-            if _is_primitive(field.dataType):
+            if not is_nested(field.dataType):
                 typed_failures.append(
                     F.when(text.isNotNull() & value.isNull(),
                            F.lit(f"column '{field.name}' value does not fit type {field.dataType.simpleString()}"))
                 )
     key_fields = {field.name: field.dataType for field in layout.key_type.fields}
     row_columns = set(layout.row_type.fieldNames()) if layout.kind != "mongodb" else set()
-    for name, data_type in key_fields.items():
-        from_key = _typed(F.col("_key")[name], data_type)
-        columns[name] = F.coalesce(from_key, _typed(image[name], data_type)) if name in row_columns else from_key
+    for name in key_fields:
+        spec = layout.column_type(name)
+        from_key = convert(F.col("_key")[name], spec)
+        columns[name] = F.coalesce(from_key, convert(image[name], spec)) if name in row_columns else from_key
 
     missing_key = F.lit(False)
     for name in layout.key_columns:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import types as T
+
+from cdc_assets.core.types import ColumnType, UnknownLogicalType, column_type
 
 # Hidden columns every target row carries (documented in the README).
 OP_COLUMN = "_cdc_op"
@@ -31,29 +33,27 @@ HIDDEN_FIELDS: tuple[T.StructField, ...] = (
 MONGODB_ID_COLUMN = "id"
 MONGODB_DOCUMENT_COLUMN = "document"
 
-_CONNECT_PRIMITIVES: dict[str, T.DataType] = {
-    "int8": T.ByteType(),
-    "int16": T.ShortType(),
-    "int32": T.IntegerType(),
-    "int64": T.LongType(),
-    "float32": T.FloatType(),
-    "float64": T.DoubleType(),
-    "boolean": T.BooleanType(),
-    "string": T.StringType(),
-}
-
-
 class LayoutError(ValueError):
     """The events of a table do not say enough to build its layout."""
 
 
 @dataclass(frozen=True)
 class ChangeEventLayout:
-    """How to read one table's events: connector kind, key columns and row type."""
+    """How to read one table's events: connector kind, key columns, row type and, for columns with
+    a Debezium/Connect logical type, how to convert them."""
 
     kind: str
     key_columns: tuple[str, ...]
     row_type: T.StructType
+    logical_types: Mapping[str, ColumnType] = field(default_factory=dict)
+
+    def column_type(self, name: str) -> ColumnType:
+        """How column ``name`` is read (its logical type, else a plain cast to its Spark type)."""
+        if name in self.logical_types:
+            return self.logical_types[name]
+        by_name = {f.name: f.dataType for f in self.key_type.fields}
+        by_name.update({f.name: f.dataType for f in self.row_type.fields})
+        return ColumnType(by_name.get(name, T.StringType()))
 
     @property
     def key_type(self) -> T.StructType:
@@ -68,34 +68,19 @@ class ChangeEventLayout:
         return T.StructType([*missing_keys, *self.row_type.fields, *HIDDEN_FIELDS])
 
 
-def connect_type_to_spark(schema: Mapping[str, Any]) -> T.DataType:
-    """Map a Kafka Connect JSON-converter schema to the Spark type its JSON values parse as.
-
-    Types without a safe direct parse (bytes, logical types carried as base64) stay strings, so no
-    value is lost; logical-type conversion is a later projection.
-    """
-    connect_type = schema.get("type")
-    if connect_type == "struct":
-        return T.StructType(
-            [T.StructField(field["field"], connect_type_to_spark(field)) for field in schema.get("fields", [])]
-        )
-    if connect_type == "array":
-        return T.ArrayType(connect_type_to_spark(schema.get("items", {"type": "string"})))
-    if connect_type == "map":
-        return T.MapType(T.StringType(), connect_type_to_spark(schema.get("values", {"type": "string"})))
-    if schema.get("name") == "org.apache.kafka.connect.data.Decimal" or connect_type == "bytes":
-        return T.StringType()
-    return _CONNECT_PRIMITIVES.get(str(connect_type), T.StringType())
-
-
-def row_type_from_envelope_schema(envelope_schema: Mapping[str, Any]) -> T.StructType | None:
-    """The row type of ``after``/``before`` in a value's Connect schema, if the schema has one."""
-    for field in envelope_schema.get("fields", []):
-        if field.get("field") in ("after", "before") and field.get("type") == "struct":
-            row_type = connect_type_to_spark(field)
-            assert isinstance(row_type, T.StructType)
-            return row_type
-    return None
+def row_type_from_envelope_schema(envelope_schema: Mapping[str, Any]) -> tuple[T.StructType, dict[str, ColumnType]]:
+    """The row type of ``after``/``before`` in a value's Connect schema, and its logical columns."""
+    for image in envelope_schema.get("fields", []):
+        if image.get("field") in ("after", "before") and image.get("type") == "struct":
+            columns = {}
+            for field_schema in image.get("fields", []):
+                try:
+                    columns[field_schema["field"]] = column_type(field_schema)
+                except UnknownLogicalType as exc:
+                    raise LayoutError(str(exc)) from exc
+            row_type = T.StructType([T.StructField(name, spec.data_type) for name, spec in columns.items()])
+            return row_type, {name: spec for name, spec in columns.items() if spec.logical}
+    return T.StructType([]), {}
 
 
 def key_columns_from_key(key: Mapping[str, Any]) -> tuple[str, ...]:
@@ -173,10 +158,10 @@ def derive_layout(
         )
         return ChangeEventLayout(kind, key_columns, row_type)
 
-    row_type = T.StructType([])
+    row_type, logical_types = T.StructType([]), {}
     for value in reversed(values):
         if isinstance(value, Mapping) and isinstance(value.get("schema"), Mapping) and "payload" in value:
-            row_type = row_type_from_envelope_schema(value["schema"]) or row_type
+            row_type, logical_types = row_type_from_envelope_schema(value["schema"])
             break
     if configured_columns:
         row_type = merge_row_types(row_type, parse_column_types(configured_columns))
@@ -191,7 +176,7 @@ def derive_layout(
     row_type = merge_row_types(row_type, infer_row_type(images))
     if not row_type.fields:
         raise LayoutError("no event names any column: set columns for this table")
-    return ChangeEventLayout(kind, key_columns, row_type)
+    return ChangeEventLayout(kind, key_columns, row_type, logical_types)
 
 
 def _loads(raw: bytes | None) -> Any:
