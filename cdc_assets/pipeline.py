@@ -19,7 +19,6 @@ from pyspark.sql.types import StructType
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
 from cdc_assets.core import (
-    HIDDEN_COLUMNS,
     BatchSummary,
     decode_change_events,
     derive_layout,
@@ -27,7 +26,8 @@ from cdc_assets.core import (
     split_folded,
 )
 from cdc_assets.core.fold import BadEvent
-from cdc_assets.core.layout import LayoutError
+from cdc_assets.core.history import history_versions
+from cdc_assets.core.layout import DELETED_COLUMN, HIDDEN_PREFIX, OP_COLUMN, LayoutError
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome
 from cdc_assets.io.kafka_source import KafkaSource, RawBatch
@@ -140,7 +140,7 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
 
     existing_rows = None
     if existing is not None:
-        existing_rows = StructType([f for f in existing.fields if f.name not in HIDDEN_COLUMNS])
+        existing_rows = StructType([f for f in existing.fields if not f.name.startswith(HIDDEN_PREFIX)])
     try:
         layout = derive_layout(table.kind, _sample(events["key"]), _sample(events["value"]),
                                table.key_columns, table.columns, existing_rows)
@@ -151,8 +151,16 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     events_df = spark.createDataFrame(events)
     timings["to_spark_s"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    folded = fold_events(decode_change_events(events_df, layout), layout).toArrow()
+    decoded = decode_change_events(events_df, layout)
+    if table.apply_mode == "scd2":
+        decoded = decoded.persist()  # read twice: the fold (for the summary) and the versions
+    folded = fold_events(decoded, layout).toArrow()
     rows, summary = split_folded(folded)
+    if table.apply_mode == "scd2":
+        rows = history_versions(decoded, layout).toArrow()
+        decoded.unpersist()
+    elif table.apply_mode == "soft_delete":
+        rows = rows.append_column(DELETED_COLUMN, pc.equal(rows[OP_COLUMN], "d"))
     timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
     dead_lettered = 0
     if summary.bad_events:
@@ -166,7 +174,7 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
         dead_lettered = len(bad)
         timings["dead_letter_s"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    outcome = writer.merge(table.target, rows, layout.key_columns, commit)
+    outcome = writer.merge(table.target, rows, layout.key_columns, commit, table.apply_mode)
     timings["merge_commit_s"] = time.perf_counter() - mark
     mark = time.perf_counter()
     source.commit_group_offsets(table.topic, raw.end_offsets)

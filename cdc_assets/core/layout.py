@@ -21,6 +21,8 @@ from cdc_assets.core.types import ColumnType, UnknownLogicalType, column_type
 OP_COLUMN = "_cdc_op"
 POSITION_COLUMN = "_cdc_position"
 SOURCE_TS_COLUMN = "_cdc_source_ts"
+DELETED_COLUMN = "_cdc_deleted"  # soft_delete mode only
+HIDDEN_PREFIX = "_cdc_"
 HIDDEN_COLUMNS: tuple[str, ...] = (OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN)
 HIDDEN_FIELDS: tuple[T.StructField, ...] = (
     T.StructField(OP_COLUMN, T.StringType()),

@@ -22,10 +22,10 @@ applying any batch twice changes nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
@@ -33,7 +33,16 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from cdc_assets.core.layout import OP_COLUMN, POSITION_COLUMN
+from cdc_assets.core.history import (
+    CLOSE_AT_COLUMN,
+    CLOSE_TS_COLUMN,
+    CURRENT_COLUMN,
+    KIND_COLUMN,
+    VALID_FROM_COLUMN,
+    VALID_TO_COLUMN,
+    VALID_TO_TS_COLUMN,
+)
+from cdc_assets.core.layout import DELETED_COLUMN, OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN
 from cdc_assets.io.spark import has_delta
 
 METADATA_KEY = "cdc_assets"
@@ -101,8 +110,9 @@ class DeltaWriter(Protocol):
         ...
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
-              commit: CommitRequest) -> MergeOutcome:
-        """Create the table if needed and MERGE the folded rows, with ``commit`` in the same commit."""
+              commit: CommitRequest, mode: ApplyMode = "scd1") -> MergeOutcome:
+        """Create the table if needed and MERGE the folded rows per the apply mode (``merge_plan``),
+        with ``commit`` in the same commit."""
         ...
 
     def commit_progress(self, target: DeltaTarget, commit: CommitRequest) -> MergeOutcome:
@@ -128,13 +138,56 @@ def _progress_from_history(history: Sequence[Mapping[str, object]], app_id: str)
     return None
 
 
-def _merge_condition(key_columns: Sequence[str], quote) -> str:
-    return " AND ".join(f"t.{quote(name)} = s.{quote(name)}" for name in key_columns)
+HELPER_PREFIX = "_merge_"  # source-only columns that steer the MERGE and never reach the table
+ApplyMode = Literal["scd1", "soft_delete", "scd2"]
 
 
-_NEWER = f"s.{POSITION_COLUMN} > t.{POSITION_COLUMN}"
-_DELETE_WHEN = f"s.{OP_COLUMN} = 'd' AND {_NEWER}"
-_INSERT_WHEN = f"s.{OP_COLUMN} <> 'd'"
+@dataclass(frozen=True)
+class Clause:
+    """One WHEN clause: ``delete``, ``update`` (``assignments`` None: every column) or ``insert``."""
+
+    action: Literal["delete", "update", "insert"]
+    predicate: str | None = None
+    assignments: Mapping[str, str] | None = None
+
+
+def merge_plan(mode: ApplyMode, key_columns: Sequence[str], columns: Sequence[str],
+               quote: Callable[[str], str]) -> tuple[str, list[Clause], list[Clause]]:
+    """The MERGE for an apply mode, with identifiers quoted by ``quote``: the ON condition, the
+    WHEN MATCHED clauses and the WHEN NOT MATCHED clauses, in order.
+
+    - scd1: a newer delete removes the row, a newer change replaces it, an absent key is inserted.
+    - soft_delete: a newer delete only marks the row (``_cdc_deleted``) and records its position;
+      a delete of an absent key is kept as a deleted row, so an older change can never resurrect it.
+    - scd2: source rows are versions (inserted once, keyed by ``_cdc_valid_from``) and per-key close
+      markers that end the current version when the batch's first event is newer.
+    """
+    keys = " AND ".join(f"t.{quote(name)} = s.{quote(name)}" for name in key_columns)
+    newer = f"s.{POSITION_COLUMN} > t.{POSITION_COLUMN}"
+    table_columns = [name for name in columns if not name.startswith(HELPER_PREFIX)]
+    every_column = {quote(name): f"s.{quote(name)}" for name in table_columns}
+    if mode == "scd1":
+        return keys, [Clause("delete", f"s.{OP_COLUMN} = 'd' AND {newer}"), Clause("update", newer)], [
+            Clause("insert", f"s.{OP_COLUMN} <> 'd'")]
+    if mode == "soft_delete":
+        marks = {quote(name): f"s.{quote(name)}" for name in (DELETED_COLUMN, OP_COLUMN, POSITION_COLUMN,
+                                                                SOURCE_TS_COLUMN)}
+        return keys, [Clause("update", f"s.{OP_COLUMN} = 'd' AND {newer}", marks), Clause("update", newer)], [
+            Clause("insert")]
+    if mode == "scd2":
+        condition = (f"{keys} AND ((s.{KIND_COLUMN} = 'version' AND t.{VALID_FROM_COLUMN} = s.{VALID_FROM_COLUMN}) "
+                     f"OR (s.{KIND_COLUMN} = 'close' AND t.{CURRENT_COLUMN} "
+                     f"AND t.{VALID_FROM_COLUMN} < s.{CLOSE_AT_COLUMN}))")
+        close = {VALID_TO_COLUMN: f"s.{CLOSE_AT_COLUMN}", VALID_TO_TS_COLUMN: f"s.{CLOSE_TS_COLUMN}",
+                 CURRENT_COLUMN: "false"}
+        return condition, [Clause("update", f"s.{KIND_COLUMN} = 'close'", close)], [
+            Clause("insert", f"s.{KIND_COLUMN} = 'version'", every_column)]
+    raise DeltaWriterError(f"unknown apply mode '{mode}' (expected scd1, soft_delete or scd2)")
+
+
+def table_schema_of(rows: pa.Table) -> pa.Schema:
+    """The target table's schema for a batch: its columns less the MERGE helpers."""
+    return pa.schema([f for f in rows.schema if not f.name.startswith(HELPER_PREFIX)])
 
 
 def quote_datafusion(name: str) -> str:
@@ -176,21 +229,30 @@ class DeltaRsWriter:
         return progress
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
-              commit: CommitRequest) -> MergeOutcome:
+              commit: CommitRequest, mode: ApplyMode = "scd1") -> MergeOutcome:
         table = self._table(target)
         if table is None:
-            table = DeltaTable.create(target.path, schema=rows.schema, storage_options=dict(target.storage_options))
+            table = DeltaTable.create(target.path, schema=table_schema_of(rows),
+                                      storage_options=dict(target.storage_options))
         if self._already_applied(table, commit):
             return MergeOutcome(delta_version=table.version(), already_applied=True)
         before = table.version()
-        metrics = (
-            table.merge(rows, _merge_condition(key_columns, quote_datafusion), source_alias="s",
-                        target_alias="t", merge_schema=True, commit_properties=self._properties(commit))
-            .when_matched_delete(predicate=_DELETE_WHEN)
-            .when_matched_update_all(predicate=_NEWER)
-            .when_not_matched_insert_all(predicate=_INSERT_WHEN)
-            .execute()
-        )
+        condition, matched, not_matched = merge_plan(mode, key_columns, rows.column_names, quote_datafusion)
+        merger = table.merge(rows, condition, source_alias="s", target_alias="t", merge_schema=mode != "scd2",
+                             commit_properties=self._properties(commit))
+        for clause in matched:
+            if clause.action == "delete":
+                merger = merger.when_matched_delete(predicate=clause.predicate)
+            elif clause.assignments is None:
+                merger = merger.when_matched_update_all(predicate=clause.predicate)
+            else:
+                merger = merger.when_matched_update(dict(clause.assignments), predicate=clause.predicate)
+        for clause in not_matched:
+            if clause.assignments is None:
+                merger = merger.when_not_matched_insert_all(predicate=clause.predicate)
+            else:
+                merger = merger.when_not_matched_insert(dict(clause.assignments), predicate=clause.predicate)
+        metrics = merger.execute()
         table.update_incremental()
         if table.version() == before:
             # No row changed (a replay of applied events): delta-rs made no commit, so commit the offsets.
@@ -264,25 +326,25 @@ class DeltaSparkWriter:
             self._history(target, None) or [], app_id)
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
-              commit: CommitRequest) -> MergeOutcome:
+              commit: CommitRequest, mode: ApplyMode = "scd1") -> MergeOutcome:
         from delta.tables import DeltaTable as SparkDeltaTable
 
         batch = self._spark.createDataFrame(rows)
         if self._history(target, 1) is None:
-            SparkDeltaTable.createIfNotExists(self._spark).location(target.path).addColumns(batch.schema).execute()
+            table_columns = self._spark.createDataFrame(rows.select(table_schema_of(rows).names)).schema
+            SparkDeltaTable.createIfNotExists(self._spark).location(target.path).addColumns(table_columns).execute()
         before = self._latest_version(target)
         if self._already_applied(target, commit):
             return MergeOutcome(delta_version=before, already_applied=True)
         view = f"cdc_batch_{abs(hash((target.path, commit.version)))}"
         batch.createOrReplaceTempView(view)
+        condition, matched, not_matched = merge_plan(mode, key_columns, rows.column_names, quote_spark)
+        clauses = [self._render("WHEN MATCHED", clause) for clause in matched]
+        clauses += [self._render("WHEN NOT MATCHED", clause) for clause in not_matched]
         try:
-            with self._committing(commit):
+            with self._committing(commit, schema_evolution=mode != "scd2"):
                 result = self._spark.sql(
-                    f"MERGE INTO {self._table_ref(target)} t USING {view} s "
-                    f"ON {_merge_condition(key_columns, quote_spark)} "
-                    f"WHEN MATCHED AND {_DELETE_WHEN} THEN DELETE "
-                    f"WHEN MATCHED AND {_NEWER} THEN UPDATE SET * "
-                    f"WHEN NOT MATCHED AND {_INSERT_WHEN} THEN INSERT *"
+                    f"MERGE INTO {self._table_ref(target)} t USING {view} s ON {condition} {' '.join(clauses)}"
                 ).first()
         finally:
             self._spark.catalog.dropTempView(view)
@@ -311,14 +373,28 @@ class DeltaSparkWriter:
         progress = self.read_progress(target, commit.app_id)
         return progress is not None and progress.txn_version >= commit.version
 
+    @staticmethod
+    def _render(when: str, clause: Clause) -> str:
+        condition = f" AND {clause.predicate}" if clause.predicate else ""
+        if clause.action == "delete":
+            return f"{when}{condition} THEN DELETE"
+        if clause.action == "update":
+            sets = "*" if clause.assignments is None else ", ".join(
+                f"t.{column} = {value}" for column, value in clause.assignments.items())
+            return f"{when}{condition} THEN UPDATE SET {sets}"
+        if clause.assignments is None:
+            return f"{when}{condition} THEN INSERT *"
+        return (f"{when}{condition} THEN INSERT ({', '.join(clause.assignments)}) "
+                f"VALUES ({', '.join(clause.assignments.values())})")
+
     @contextmanager
-    def _committing(self, commit: CommitRequest) -> Iterator[None]:
+    def _committing(self, commit: CommitRequest, schema_evolution: bool = True) -> Iterator[None]:
         """Session settings that put the txn and offsets into the next Delta commit, reset after."""
         settings = {
             "spark.databricks.delta.write.txnAppId": commit.app_id,
             "spark.databricks.delta.write.txnVersion": str(commit.version),
             "spark.databricks.delta.commitInfo.userMetadata": commit.user_metadata(),
-            "spark.databricks.delta.schema.autoMerge.enabled": "true",
+            "spark.databricks.delta.schema.autoMerge.enabled": str(schema_evolution).lower(),
         }
         for key, value in settings.items():
             self._spark.conf.set(key, value)
