@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from cdc_assets.catalog import CapturedTable
@@ -25,9 +26,19 @@ from cdc_assets.core import (
     fold_events,
     split_folded,
 )
+from cdc_assets.core.envelope import ERROR_COLUMN
 from cdc_assets.core.fold import BadEvent
 from cdc_assets.core.history import history_versions
-from cdc_assets.core.layout import DELETED_COLUMN, HIDDEN_PREFIX, OP_COLUMN, LayoutError
+from cdc_assets.core.layout import (
+    DELETED_COLUMN,
+    HIDDEN_PREFIX,
+    MONGODB_DOCUMENT_COLUMN,
+    OP_COLUMN,
+    POSITION_COLUMN,
+    ChangeEventLayout,
+    LayoutError,
+)
+from cdc_assets.core.mongodb import ORPHAN_COLUMN, ORPHAN_REASON, fold_documents
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome
 from cdc_assets.io.kafka_source import KafkaSource, RawBatch
@@ -106,6 +117,25 @@ def _explain(events: pa.Table, partition: int, offset: int, reason: str) -> str:
     return reason
 
 
+def _fold_documents(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout,
+                    decoded: DataFrame, summary: BatchSummary) -> tuple[pa.Table, BatchSummary]:
+    """MongoDB: rebuild documents from the table's current rows and the batch's patches."""
+    keys = decoded.where(F.col(ERROR_COLUMN).isNull()).select(*layout.key_columns).distinct().toArrow()
+    columns = [*layout.key_columns, MONGODB_DOCUMENT_COLUMN, POSITION_COLUMN]
+    current = writer.current_rows(table.target, keys, columns) if keys.num_rows else None
+    base = spark.createDataFrame(current) if current is not None and current.num_rows else None
+    folded = fold_documents(decoded, layout, base).toArrow()
+    orphans = [BadEvent(o["offset"], o["partition"], ORPHAN_REASON)
+               for o in folded[ORPHAN_COLUMN].to_pylist() if o is not None]
+    # A key whose every event was already applied, or whose patches had no document, writes nothing.
+    keep = pc.and_(pc.is_valid(folded[OP_COLUMN]),
+                   pc.or_(pc.equal(folded[OP_COLUMN], "d"), pc.is_valid(folded[MONGODB_DOCUMENT_COLUMN])))
+    rows = folded.filter(keep).drop_columns([ORPHAN_COLUMN])
+    if orphans:
+        summary = replace(summary, bad_events=tuple(sorted((*summary.bad_events, *orphans))))
+    return rows, summary
+
+
 def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
                       limits: BatchLimits) -> BatchReport:
     """Read one bounded batch of ``table``'s topic from its committed offsets and apply it to Delta.
@@ -152,14 +182,20 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     timings["to_spark_s"] = time.perf_counter() - mark
     mark = time.perf_counter()
     decoded = decode_change_events(events_df, layout)
-    if table.apply_mode == "scd2":
-        decoded = decoded.persist()  # read twice: the fold (for the summary) and the versions
+    if table.kind == "mongodb" and table.apply_mode == "scd2":
+        raise LayoutError(f"table '{table.name}': apply_mode scd2 is not supported for MongoDB collections")
+    reread = table.apply_mode == "scd2" or table.kind == "mongodb"
+    if reread:
+        decoded = decoded.persist()  # read twice: the fold (for the summary) and the rows
     folded = fold_events(decoded, layout).toArrow()
     rows, summary = split_folded(folded)
     if table.apply_mode == "scd2":
         rows = history_versions(decoded, layout).toArrow()
+    elif table.kind == "mongodb":
+        rows, summary = _fold_documents(spark, writer, table, layout, decoded, summary)
+    if reread:
         decoded.unpersist()
-    elif table.apply_mode == "soft_delete":
+    if table.apply_mode == "soft_delete":
         rows = rows.append_column(DELETED_COLUMN, pc.equal(rows[OP_COLUMN], "d"))
     timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
     dead_lettered = 0

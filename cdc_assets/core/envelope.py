@@ -30,6 +30,7 @@ PARTITION_COLUMN = "_kafka_partition"
 OFFSET_COLUMN = "_kafka_offset"
 ERROR_COLUMN = "_cdc_error"
 SNAPSHOT_COLUMN = "_cdc_snapshot"
+PATCH_COLUMN = "_cdc_patch"  # MongoDB only
 KNOWN_OPS = ("c", "u", "d", "r")
 
 SOURCE_TYPE = T.StructType(
@@ -45,6 +46,23 @@ SOURCE_TYPE = T.StructType(
 TRANSACTION_TYPE = T.StructType(
     [T.StructField(name, T.StringType()) for name in ("id", "total_order", "data_collection_order")]
 )
+
+
+DOCUMENT_TYPE = "map<string,variant>"
+PATCH_TYPE = "struct<`$set`: map<string,variant>, `$unset`: map<string,variant>>"
+
+
+def patch_problem(patch: Column) -> Column:
+    """Why a patch cannot be applied (null: it can)."""
+    as_document = F.from_json(patch, DOCUMENT_TYPE)
+    operators = F.from_json(patch, PATCH_TYPE)
+    touched = F.concat(F.coalesce(F.map_keys(operators["$set"]), F.array().cast("array<string>")),
+                       F.coalesce(F.map_keys(operators["$unset"]), F.array().cast("array<string>")))
+    return (
+        F.when(as_document.isNull(), F.lit("patch is not a valid JSON object"))
+        .when(F.exists(touched, lambda key: key.contains(".")),
+              F.lit("patch changes a nested path (a.b): only top-level $set/$unset are supported"))
+    )
 
 
 def _as_parsed(row_type: T.StructType) -> T.StructType:
@@ -94,8 +112,13 @@ def decode_change_events(raw: DataFrame, layout: ChangeEventLayout) -> DataFrame
 
     columns: dict[str, Column] = {}
     typed_failures: list[Column] = []
-    if layout.kind == "mongodb":
+    mongodb = layout.kind == "mongodb"
+    if mongodb:
         columns[MONGODB_DOCUMENT_COLUMN] = F.when(op != "d", env["after"])
+        columns[PATCH_COLUMN] = F.when(op == "u", env["patch"])
+        unreadable = env["after"].isNotNull() & F.from_json(env["after"], DOCUMENT_TYPE).isNull()
+        typed_failures.append(F.when(unreadable, F.lit("after is not a valid JSON document")))
+        typed_failures.append(F.when((op == "u") & env["after"].isNull(), patch_problem(env["patch"])))
     else:
         for field in layout.row_type.fields:
             text = image[field.name]
@@ -116,12 +139,11 @@ def decode_change_events(raw: DataFrame, layout: ChangeEventLayout) -> DataFrame
     missing_key = F.lit(False)
     for name in layout.key_columns:
         missing_key = missing_key | columns[name].isNull()
+    # MongoDB updates may carry a patch instead of the after image.
     needs_after = op.isin("c", "u", "r") & env["after"].isNull()
-    after_problem = (
-        F.when(env["patch"].isNotNull(),
-               F.lit("op 'u' carries only a MongoDB patch; applying patches is not supported yet"))
-        .otherwise(F.concat(F.lit("op '"), op, F.lit("' has no after image")))
-    )
+    if mongodb:
+        needs_after = needs_after & ~((op == "u") & env["patch"].isNotNull())
+    after_problem = F.concat(F.lit("op '"), op, F.lit("' has no after image"))
     error = (
         F.when(env.isNull(), F.lit("value is not a JSON object"))
         .when(op.isNull(), F.lit("envelope has no 'op' field"))

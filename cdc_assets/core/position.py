@@ -6,7 +6,7 @@ the Kafka partition and offset, which break ties deterministically:
 
 | kind       | source part                                                    |
 |------------|----------------------------------------------------------------|
-| postgresql | ``lsn`` (16 hex digits)                                        |
+| postgresql | ``lsn`` (16 hex digits; the LSN in ``sequence`` when ``lsn`` is absent) |
 | sqlserver  | ``commit_lsn``, ``change_lsn`` (LSNs), ``event_serial_no``      |
 | db2        | ``commit_lsn`` (``change_lsn`` during snapshots), ``change_lsn`` |
 | mongodb    | ``ts_ms``, ``ord``                                             |
@@ -47,7 +47,9 @@ def _pg_lsn(value: Column) -> Column:
 def source_position(source: Column, kind: str) -> Column:
     """The fixed-width source part of an event's position, for a connector ``kind``."""
     if kind == "postgresql":
-        return _pg_lsn(source["lsn"])
+        # Rows change under row locks, so per key the LSN orders changes; `sequence` ("[last commit
+        # LSN, LSN]") only stands in when `lsn` is absent, keeping one width for every event.
+        return _pg_lsn(F.coalesce(source["lsn"], F.from_json(source["sequence"], "array<string>")[1]))
     if kind == "sqlserver":
         return F.concat(_lsn(source["commit_lsn"]), _lsn(source["change_lsn"]), _number(source["event_serial_no"]))
     if kind == "db2":

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import pyarrow as pa
+import pyarrow.dataset as pds
 from deltalake import CommitProperties, DeltaTable, Transaction
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
@@ -117,6 +118,10 @@ class DeltaWriter(Protocol):
 
     def commit_progress(self, target: DeltaTarget, commit: CommitRequest) -> MergeOutcome:
         """Commit offsets with no data change (a batch of tombstones only) to an existing table."""
+        ...
+
+    def current_rows(self, target: DeltaTarget, keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
+        """``columns`` of the table's rows whose key (``keys``' one column) is in ``keys``; None if no table."""
         ...
 
 
@@ -276,6 +281,14 @@ class DeltaRsWriter:
         table.update_incremental()
         return MergeOutcome(delta_version=table.version())
 
+    def current_rows(self, target: DeltaTarget, keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
+        table = self._table(target)
+        if table is None:
+            return None
+        [key] = keys.column_names
+        return table.to_pyarrow_dataset().to_table(columns=list(columns),
+                                                    filter=pds.field(key).isin(keys[key].combine_chunks()))
+
     @staticmethod
     def _already_applied(table: DeltaTable, commit: CommitRequest) -> bool:
         applied = table.transaction_version(commit.app_id)
@@ -368,6 +381,14 @@ class DeltaSparkWriter:
         with self._committing(commit):
             self._spark.sql(f"INSERT INTO {table} SELECT * FROM {table} WHERE false")
         return MergeOutcome(delta_version=self._latest_version(target))
+
+    def current_rows(self, target: DeltaTarget, keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
+        if self._history(target, 1) is None:
+            return None
+        [key] = keys.column_names
+        wanted = self._spark.createDataFrame(keys)
+        return (self._spark.read.format("delta").load(target.path).join(wanted, key, "left_semi")
+                .select(*[quote_spark(name) for name in columns]).toArrow())
 
     def _already_applied(self, target: DeltaTarget, commit: CommitRequest) -> bool:
         progress = self.read_progress(target, commit.app_id)

@@ -38,6 +38,11 @@ def test_postgresql_lsn_numbers_and_numeric_strings_order_numerically(spark):
     assert small < as_string < big
 
 
+def test_postgresql_sequence_stands_in_for_a_missing_lsn(spark):
+    with_lsn, from_sequence = positions(spark, "postgresql", [{"lsn": "100"}, {"sequence": '["90", "200"]'}])
+    assert with_lsn < from_sequence and len(with_lsn) == len(from_sequence)
+
+
 def test_db2_snapshot_reads_without_commit_lsn_sort_before_streamed_changes(spark):
     read, change = positions(spark, "db2", [
         {"change_lsn": "00000027:00000700:0001", "commit_lsn": None},
