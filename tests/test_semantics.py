@@ -195,3 +195,57 @@ def test_scd2_keeps_every_version(spark, broker, writer, tmp_path, seed, length,
         for earlier, later in itertools.pairwise(key_versions):
             assert earlier["_cdc_valid_to"] is not None and earlier["_cdc_valid_to"] <= later["_cdc_valid_from"]
     assert set(by_key) <= {e.key for e in events}
+
+
+def mongo_history(rng: random.Random, length: int, docs: int = 4) -> tuple[list[tuple[int, str, dict]], dict]:
+    """Random MongoDB events (doc, op, payload fields) and the reference documents after them."""
+    state: dict[int, dict] = {}
+    events = []
+    for step in range(length):
+        doc = rng.randrange(docs)
+        draw = rng.random()
+        if doc not in state:
+            state[doc] = {"_id": {"$numberLong": str(doc)}, "a": step, "b": f"s{step}"}
+            events.append((doc, "c" if draw < 0.7 else "r", {"after": json.dumps(state[doc])}))
+        elif draw < 0.35:
+            field, value = rng.choice(["a", "b", "c", "nested"]), {"k": [step, "x"]} if draw < 0.1 else step
+            state[doc] = {**state[doc], field: value}
+            events.append((doc, "u", {"patch": json.dumps({"$set": {field: value}})}))
+        elif draw < 0.5 and len(state[doc]) > 1:
+            field = rng.choice([f for f in state[doc] if f != "_id"])
+            state[doc] = {k: v for k, v in state[doc].items() if k != field}
+            events.append((doc, "u", {"patch": json.dumps({"$unset": {field: True}})}))
+        elif draw < 0.65:
+            state[doc] = {"_id": state[doc]["_id"], "replaced": step}
+            events.append((doc, "u", {"patch": json.dumps(state[doc])}))
+        elif draw < 0.75:
+            state[doc] = {**state[doc], "full": step}
+            events.append((doc, "u", {"after": json.dumps(state[doc])}))
+        else:
+            del state[doc]
+            events.append((doc, "d", {}))
+    return events, state
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**31), length=st.integers(1, 30), partitions=st.integers(1, 3),
+       max_records=st.integers(1, 12))
+def test_random_mongodb_histories_end_as_the_reference(spark, broker, writer, tmp_path, seed, length, partitions,
+                                                       max_records):
+    rng = random.Random(seed)
+    events, expected = mongo_history(rng, length)
+    recs = []
+    for ord_, (doc, op, fields) in enumerate(events):
+        doc_id = json.dumps({"$numberLong": str(doc)})
+        source = {"connector": "mongodb", "ts_ms": 1_700_000_000_000, "ord": ord_, "snapshot": op == "r"}
+        key = json.dumps({"id": doc_id}).encode()
+        recs.append((key, json.dumps({"op": op, "source": source, "ts_ms": 1, **fields}).encode()))
+        if op == "d":
+            recs.append((key, None))
+    topic = new_topic(broker, "mongo.db.docs", partitions=partitions)
+    produce_spread(broker, topic, recs, partitions, rng)
+    table = captured_table(topic, tmp_path / str(seed), kind="mongodb")
+    apply_all(spark, broker, writer, table, max_records)
+    rows = read_rows(spark, writer, table)
+    assert {json.loads(k[0])["$numberLong"]: json.loads(row["document"]) for k, row in rows.items()} == {
+        str(doc): document for doc, document in expected.items()}

@@ -286,8 +286,12 @@ class DeltaRsWriter:
         if table is None:
             return None
         [key] = keys.column_names
-        return table.to_pyarrow_dataset().to_table(columns=list(columns),
-                                                    filter=pds.field(key).isin(keys[key].combine_chunks()))
+        dataset = table.to_pyarrow_dataset()
+        # Spark hands keys over as string_view while Parquet statistics are plain strings: compare as
+        # plain strings on both sides.
+        wanted = keys[key].combine_chunks()
+        plain = pa.string() if pa.types.is_string_view(wanted.type) else wanted.type
+        return dataset.to_table(columns=list(columns), filter=pds.field(key).cast(plain).isin(wanted.cast(plain)))
 
     @staticmethod
     def _already_applied(table: DeltaTable, commit: CommitRequest) -> bool:
