@@ -175,7 +175,9 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
         layout = derive_layout(table.kind, _sample(events["key"]), _sample(events["value"]),
                                table.key_columns, table.columns, existing_rows)
     except LayoutError as exc:
-        raise LayoutError(f"table '{table.name}' (topic {table.topic}): {exc}") from exc
+        offsets = {p: f"{raw.start_offsets[p]}..{raw.end_offsets[p]}" for p in sorted(raw.start_offsets)}
+        raise LayoutError(f"table '{table.name}', topic {table.topic}, batch offsets by partition {offsets}: "
+                          f"{exc}. Nothing was committed") from exc
 
     mark = time.perf_counter()
     events_df = spark.createDataFrame(events)

@@ -233,3 +233,17 @@ def test_logical_types_reach_delta(spark, broker, writer, tmp_path):
         if isinstance(got, dt.datetime) and got.tzinfo is not None:
             got = got.astimezone(dt.timezone.utc).replace(tzinfo=None)
         assert got == expected, field["field"]
+
+
+def test_an_unknown_logical_type_halts_naming_topic_and_offsets(spark, broker, writer, tmp_path):
+    from cdc_assets.core.layout import LayoutError
+    from tests.core.test_types import wrapped
+
+    topic = new_topic(broker, "dbserver1.public.money")
+    fields = [{"type": "int32", "field": "id"}, {"type": "string", "name": "com.example.Money", "field": "m"}]
+    produce(broker, topic, [(b'{"id": 1}', wrapped(fields, {"id": 1, "m": "1 EUR"}))])
+    table = captured_table(topic, tmp_path)
+    with pytest.raises(LayoutError, match=rf"topic {topic}, batch offsets by partition {{0: '0..1'}}: logical "
+                                          r"type 'com\.example\.Money'"):
+        run_batch(spark, broker, writer, table)
+    assert writer.read_progress(table.target, table.app_id) is None

@@ -230,6 +230,7 @@ def mongo_history(rng: random.Random, length: int, docs: int = 4) -> tuple[list[
 @SETTINGS
 @given(seed=st.integers(0, 2**31), length=st.integers(1, 30), partitions=st.integers(1, 3),
        max_records=st.integers(1, 12))
+@example(seed=0, length=8, partitions=1, max_records=2)  # found the string_view base lookup bug
 def test_random_mongodb_histories_end_as_the_reference(spark, broker, writer, tmp_path, seed, length, partitions,
                                                        max_records):
     rng = random.Random(seed)
