@@ -21,6 +21,7 @@ from cdc_assets.pipeline import BatchReport, merge_micro_batch
 from cdc_assets.resources import DeltaResource, KafkaResource
 
 CDC_KINDS = {"spark", "delta", "kafka"}
+STATUS_TAG = "cdc_assets/status"  # "retired" once the source table was dropped
 
 
 class MergeConfig(Config):
@@ -82,7 +83,9 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits) -> AssetsDefiniti
         description=(f"`{table.name}` captured by {table.kind} connector `{table.connector}`: topic "
                      f"`{table.topic}` merged into Delta at `{table.target.path}` (keys: {keys})."),
         metadata={"topic": table.topic, "delta_path": MetadataValue.path(table.target.path),
-                  "connector": table.connector, "connector_kind": table.kind, "source_table": table.name},
+                  "connector": table.connector, "connector_kind": table.kind, "source_table": table.name,
+                  "apply_mode": table.apply_mode, "retired": table.retired},
+        tags={STATUS_TAG: "retired" if table.retired else "active"},
     )
     def merge_table(context: AssetExecutionContext, config: MergeConfig, spark: LazyPySparkResource,
                     kafka: KafkaResource, delta: DeltaResource) -> MaterializeResult:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from cdc_assets.config import ConfigError, ConnectorConfig, PipelineConfig, TableConfig
 from cdc_assets.io.delta import DeltaTarget
+from cdc_assets.io.registry import RegistryEntry
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class CapturedTable:
     on_bad_event: str = "halt"
     apply_mode: str = "scd1"
     dead_letter: DeltaTarget | None = None
+    retired: bool = False
 
     @property
     def asset_key_path(self) -> list[str]:
@@ -47,6 +49,11 @@ def _is_url(path: str) -> bool:
     return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", path))
 
 
+def table_path(config: PipelineConfig, connector: ConnectorConfig, table: str) -> str:
+    """Where a table of ``connector`` named ``table`` lives when no path is configured for it."""
+    return _table_path(config.delta.root, connector, TableConfig(name=table), "<config>")
+
+
 def _table_path(root: str, connector: ConnectorConfig, table: TableConfig, source: str) -> str:
     default = posixpath.join(root, connector.topic_prefix, *table.name.split("."))
     if table.path is None:
@@ -61,13 +68,21 @@ def _table_path(root: str, connector: ConnectorConfig, table: TableConfig, sourc
     return normalized
 
 
+def captures(connector: ConnectorConfig, table: str) -> bool:
+    """Whether ``connector`` captures ``table`` (listed, or matched by an include pattern)."""
+    return any(t.name == table for t in connector.tables) or any(re.fullmatch(p, table) for p in connector.include)
+
+
 def resolve_tables(config: PipelineConfig, list_topics: Callable[[], Iterable[str]] | None = None,
-                   source: str = "<config>") -> list[CapturedTable]:
-    """All captured tables: those listed, plus topics matching include patterns.
+                   source: str = "<config>", registry: Mapping[tuple[str, str], RegistryEntry] | None = None
+                   ) -> list[CapturedTable]:
+    """All captured tables: those listed, topics matching include patterns, and tables the schema
+    registry knows (created at the source after deployment, or retired by a DROP).
 
     ``list_topics`` is only called when a connector has include patterns; it returns the broker's
     topic names (``<topic.prefix>.<schema>.<table>``).
     """
+    registry = registry or {}
     tables: list[CapturedTable] = []
     topics: list[str] | None = None
     for connector in config.connectors:
@@ -87,7 +102,13 @@ def resolve_tables(config: PipelineConfig, list_topics: Callable[[], Iterable[st
                 if name not in listed and any(re.fullmatch(p, name) for p in connector.include):
                     entries.append(TableConfig(name=name))
                     listed.add(name)
+        for (registered_connector, name), entry in sorted(registry.items()):
+            if registered_connector == connector.name and name not in listed and captures(connector, name):
+                entries.append(TableConfig(name=name, key_columns=list(entry.primary_keys) or None,
+                                           columns=entry.column_types))
+                listed.add(name)
         for table in entries:
+            entry = registry.get((connector.name, table.name))
             tables.append(
                 CapturedTable(
                     connector=connector.name,
@@ -103,6 +124,7 @@ def resolve_tables(config: PipelineConfig, list_topics: Callable[[], Iterable[st
                     apply_mode=table.apply_mode,
                     dead_letter=DeltaTarget(pipeline_table_path(config.delta.root, "dead_letter"),
                                             dict(config.delta.storage_options)),
+                    retired=entry is not None and entry.status == "retired",
                 )
             )
     return tables

@@ -9,15 +9,17 @@ from cdc_assets.assets import build_cdc_asset
 from cdc_assets.catalog import resolve_tables
 from cdc_assets.config import PipelineConfig, load_config
 from cdc_assets.io.kafka_source import KafkaSource
-from cdc_assets.resources import build_resources, kafka_client_settings
+from cdc_assets.io.registry import read_registry
+from cdc_assets.resources import build_resources, kafka_client_settings, registry_path
 from jobs import (
+    apply_schema_change_job,
     build_merge_schedules,
     build_snapshot_schedules,
     cdc_merge_job,
     incremental_snapshot_job,
     stop_snapshot_job,
 )
-from sensors import make_snapshot_backfill_sensor
+from sensors import make_schema_change_sensor, make_snapshot_backfill_sensor
 
 
 def build_definitions(config: PipelineConfig) -> Definitions:
@@ -29,15 +31,16 @@ def build_definitions(config: PipelineConfig) -> Definitions:
         finally:
             source.close()
 
-    tables = resolve_tables(config, list_topics=list_topics)
+    registry = read_registry(registry_path(config), config.delta.storage_options)
+    tables = resolve_tables(config, list_topics=list_topics, registry=registry)
     signalled = {connector.name for connector in config.connectors if connector.signal is not None}
-    sensors = []
+    sensors = [make_schema_change_sensor(config, tables, apply_schema_change_job)]
     if signalled:
-        sensors.append(make_snapshot_backfill_sensor([t for t in tables if t.connector in signalled],
-                                                     incremental_snapshot_job, cdc_merge_job))
+        live = [t for t in tables if t.connector in signalled and not t.retired]
+        sensors.append(make_snapshot_backfill_sensor(live, incremental_snapshot_job, cdc_merge_job))
     return Definitions(
         assets=[build_cdc_asset(table, config.batch) for table in tables],
-        jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job],
+        jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job, apply_schema_change_job],
         schedules=[*build_merge_schedules(config), *build_snapshot_schedules(config)],
         sensors=sensors,
         resources=build_resources(config),

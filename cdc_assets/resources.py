@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.catalog import pipeline_table_path
 from cdc_assets.config import KafkaConfig, PipelineConfig
-from cdc_assets.io.delta import DeltaWriter, select_writer
+from cdc_assets.io.delta import DeltaRsWriter, DeltaWriter, select_writer
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.signals import KafkaSignalChannel, SignalChannel, SignalError, SourceTableSignalChannel
 from cdc_assets.io.spark import spark_config
@@ -82,13 +82,20 @@ def kafka_client_settings(kafka: KafkaConfig) -> dict[str, Any]:
 
 
 class DeltaResource(ConfigurableResource):
-    """Which Delta writer commits batches: ``auto``, ``delta-rs`` or ``delta-spark``."""
+    """Which Delta writer commits batches (``auto``, ``delta-rs`` or ``delta-spark``), and where the
+    pipeline's own tables (the schema registry) live."""
 
     writer: str = "auto"
+    registry_path: str = ""
+    storage_options: dict[str, str] = {}
 
     def writer_for(self, spark: SparkSession) -> DeltaWriter:
         """The writer for this Spark session (``auto``: delta-spark if the session has Delta)."""
         return select_writer(self.writer, spark)
+
+    def writer_for_schema_changes(self, spark: LazyPySparkResource) -> DeltaWriter:
+        """The writer for schema changes; starts Spark only when the writer may need it."""
+        return DeltaRsWriter() if self.writer == "delta-rs" else select_writer(self.writer, spark.spark_session)
 
 
 class ConnectorSignals(Config):
@@ -143,7 +150,8 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
             ssl_key_password=secret(kafka.ssl_key_password_env),
             settings=dict(kafka.settings),
         ),
-        "delta": DeltaResource(writer=config.delta.writer),
+        "delta": DeltaResource(writer=config.delta.writer, registry_path=registry_path(config),
+                               storage_options=dict(config.delta.storage_options)),
         "signals": SignalsResource(
             connectors={
                 connector.name: ConnectorSignals(
@@ -156,6 +164,11 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
             storage_options=dict(config.delta.storage_options),
         ),
     }
+
+
+def registry_path(config: PipelineConfig) -> str:
+    """The schema registry table: ``<delta root>/_cdc_assets/schema_registry``."""
+    return pipeline_table_path(config.delta.root, "schema_registry")
 
 
 def signals_audit_path(config: PipelineConfig) -> str:

@@ -1,6 +1,7 @@
 """Jobs of the code location: the micro-batch merge and the snapshot signals."""
 
 from jobs.merge import build_merge_schedules, cdc_merge_job
+from jobs.schema_changes import apply_schema_change_job
 from jobs.snapshots import (
     build_snapshot_schedules,
     execute_snapshot_run_config,
@@ -9,6 +10,7 @@ from jobs.snapshots import (
 )
 
 __all__ = [
+    "apply_schema_change_job",
     "build_merge_schedules",
     "build_snapshot_schedules",
     "cdc_merge_job",

@@ -8,12 +8,14 @@ from dagster import (
     in_process_executor,
 )
 
+from cdc_assets.assets import STATUS_TAG
 from cdc_assets.config import PipelineConfig
 
 cdc_merge_job = define_asset_job(
     "cdc_merge_job",
-    # Every CDC table asset (kinds delta and kafka), whatever else the code location grows.
-    selection=AssetSelection.kind("delta") & AssetSelection.kind("kafka"),
+    # Every CDC table asset (kinds delta and kafka) whose source table was not dropped.
+    selection=(AssetSelection.kind("delta") & AssetSelection.kind("kafka"))
+    - AssetSelection.tag(STATUS_TAG, "retired"),
     executor_def=in_process_executor,
     description="Merge each captured table's new change events into its Delta table (one micro-batch each).",
 )

@@ -1,5 +1,6 @@
 """Sensors of the code location."""
 
 from sensors.backfill import make_snapshot_backfill_sensor
+from sensors.schema_changes import make_schema_change_sensor
 
-__all__ = ["make_snapshot_backfill_sensor"]
+__all__ = ["make_schema_change_sensor", "make_snapshot_backfill_sensor"]

@@ -247,3 +247,19 @@ def test_an_unknown_logical_type_halts_naming_topic_and_offsets(spark, broker, w
                                           r"type 'com\.example\.Money'"):
         run_batch(spark, broker, writer, table)
     assert writer.read_progress(table.target, table.app_id) is None
+
+
+def test_columns_added_in_value_schemas_reach_delta_without_a_schema_change_event(spark, broker, writer, tmp_path):
+    from tests.core.test_types import wrapped
+
+    topic = new_topic(broker, "dbserver1.public.evolving")
+    table = captured_table(topic, tmp_path)
+    id_field, a_field = {"type": "int32", "field": "id"}, {"type": "string", "field": "a"}
+    produce(broker, topic, [(b'{"id": 1}', wrapped([id_field, a_field], {"id": 1, "a": "x"}))])
+    run_batch(spark, broker, writer, table)
+    b_field = {"type": "int64", "field": "b"}
+    produce(broker, topic, [(b'{"id": 2}', wrapped([id_field, a_field], {"id": 2, "a": "y"})),
+                            (b'{"id": 3}', wrapped([id_field, a_field, b_field], {"id": 3, "a": "z", "b": 7}))])
+    run_batch(spark, broker, writer, table)
+    rows = read_rows(spark, writer, table)
+    assert {k[0]: (r["a"], r["b"]) for k, r in rows.items()} == {1: ("x", None), 2: ("y", None), 3: ("z", 7)}

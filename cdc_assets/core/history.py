@@ -16,13 +16,18 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from cdc_assets.core.envelope import ERROR_COLUMN
-from cdc_assets.core.layout import OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN, ChangeEventLayout
+from cdc_assets.core.layout import (
+    CURRENT_COLUMN,
+    OP_COLUMN,
+    POSITION_COLUMN,
+    SOURCE_TS_COLUMN,
+    VALID_FROM_COLUMN,
+    VALID_FROM_TS_COLUMN,
+    VALID_TO_COLUMN,
+    VALID_TO_TS_COLUMN,
+    ChangeEventLayout,
+)
 
-VALID_FROM_COLUMN = "_cdc_valid_from"
-VALID_FROM_TS_COLUMN = "_cdc_valid_from_ts"
-VALID_TO_COLUMN = "_cdc_valid_to"
-VALID_TO_TS_COLUMN = "_cdc_valid_to_ts"
-CURRENT_COLUMN = "_cdc_current"
 KIND_COLUMN = "_merge_kind"
 CLOSE_AT_COLUMN = "_merge_close_at"
 CLOSE_TS_COLUMN = "_merge_close_ts"

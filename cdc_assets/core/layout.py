@@ -23,7 +23,28 @@ POSITION_COLUMN = "_cdc_position"
 SOURCE_TS_COLUMN = "_cdc_source_ts"
 DELETED_COLUMN = "_cdc_deleted"  # soft_delete mode only
 HIDDEN_PREFIX = "_cdc_"
+# scd2 mode only
+VALID_FROM_COLUMN = "_cdc_valid_from"
+VALID_FROM_TS_COLUMN = "_cdc_valid_from_ts"
+VALID_TO_COLUMN = "_cdc_valid_to"
+VALID_TO_TS_COLUMN = "_cdc_valid_to_ts"
+CURRENT_COLUMN = "_cdc_current"
 HIDDEN_COLUMNS: tuple[str, ...] = (OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN)
+def hidden_fields(apply_mode: str) -> tuple[T.StructField, ...]:
+    """The hidden columns a table carries in an apply mode."""
+    if apply_mode == "scd2":
+        return (
+            T.StructField(OP_COLUMN, T.StringType()),
+            T.StructField(VALID_FROM_COLUMN, T.StringType()),
+            T.StructField(VALID_FROM_TS_COLUMN, T.TimestampType()),
+            T.StructField(VALID_TO_COLUMN, T.StringType()),
+            T.StructField(VALID_TO_TS_COLUMN, T.TimestampType()),
+            T.StructField(CURRENT_COLUMN, T.BooleanType()),
+        )
+    deleted = (T.StructField(DELETED_COLUMN, T.BooleanType()),) if apply_mode == "soft_delete" else ()
+    return (*HIDDEN_FIELDS, *deleted)
+
+
 HIDDEN_FIELDS: tuple[T.StructField, ...] = (
     T.StructField(OP_COLUMN, T.StringType()),
     T.StructField(POSITION_COLUMN, T.StringType()),
@@ -160,11 +181,19 @@ def derive_layout(
         )
         return ChangeEventLayout(kind, key_columns, row_type)
 
+    # Every distinct value schema in the sample, newest first: a column added or dropped within the
+    # batch is kept either way.
     row_type, logical_types = T.StructType([]), {}
+    seen: set[str] = set()
     for value in reversed(values):
         if isinstance(value, Mapping) and isinstance(value.get("schema"), Mapping) and "payload" in value:
-            row_type, logical_types = row_type_from_envelope_schema(value["schema"])
-            break
+            fingerprint = json.dumps(value["schema"], sort_keys=True)
+            if fingerprint in seen:
+                continue
+            seen.add(fingerprint)
+            sample_type, sample_logical = row_type_from_envelope_schema(value["schema"])
+            row_type = merge_row_types(row_type, sample_type)
+            logical_types = {**sample_logical, **logical_types}
     if configured_columns:
         row_type = merge_row_types(row_type, parse_column_types(configured_columns))
     if existing_row_type is not None:

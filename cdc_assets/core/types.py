@@ -7,16 +7,16 @@ instead of losing it). Nested structs, arrays and maps are parsed as their Spark
 
 | Connect schema (``type`` / ``name``)                 | Spark / Delta type            |
 |-----------------------------------------------------|-------------------------------|
-| int8/16/32/64, float32/64, boolean, string           | byte/short/int/long, float/double, boolean, string |
+| int8/16/32/64, float32/64, boolean, string           | bigint, double, boolean, string (wide-type policy) |
 | bytes                                               | binary (base64 decoded)        |
-| org.apache.kafka.connect.data.Decimal               | decimal(precision or 38, scale) |
+| org.apache.kafka.connect.data.Decimal               | decimal(38, scale)             |
 | io.debezium.data.VariableScaleDecimal               | decimal(38, 18)                |
 | io.debezium.time.Date, connect Date                 | date                           |
 | io.debezium.time.Timestamp / MicroTimestamp / NanoTimestamp, connect Timestamp | timestamp_ntz (wall clock) |
 | io.debezium.time.ZonedTimestamp                     | timestamp (UTC instant)        |
 | io.debezium.time.Time / MicroTime / NanoTime, connect Time | string ``HH:mm:ss.SSSSSS`` |
 | io.debezium.time.ZonedTime, Json, Uuid, Enum, EnumSet, Xml, Ltree | string            |
-| io.debezium.time.Year                               | int                            |
+| io.debezium.time.Year                               | bigint                         |
 | io.debezium.data.Bits                               | binary                         |
 | io.debezium.time.MicroDuration / NanoDuration        | long                           |
 | any other logical name                              | refused: a clear error         |
@@ -32,12 +32,15 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+# The wide-type policy: integers are bigint, floating types double, decimals decimal(38, scale), so
+# a type widened at the source (int -> bigint, float -> double, precision up) needs no change in
+# Delta (delta-rs cannot read tables with Delta's typeWidening feature; see core.schema_change).
 PRIMITIVES: dict[str, T.DataType] = {
-    "int8": T.ByteType(),
-    "int16": T.ShortType(),
-    "int32": T.IntegerType(),
+    "int8": T.LongType(),
+    "int16": T.LongType(),
+    "int32": T.LongType(),
     "int64": T.LongType(),
-    "float32": T.FloatType(),
+    "float32": T.DoubleType(),
     "float64": T.DoubleType(),
     "boolean": T.BooleanType(),
     "string": T.StringType(),
@@ -117,8 +120,7 @@ def column_type(schema: Mapping[str, Any]) -> ColumnType:
     parameters = schema.get("parameters") or {}
     if name == _DECIMAL:
         scale = int(parameters.get("scale", 0))
-        precision = int(parameters.get("connect.decimal.precision", 38))
-        return ColumnType(T.DecimalType(max(precision, scale, 1), scale), _DECIMAL, scale)
+        return ColumnType(T.DecimalType(38, scale), _DECIMAL, scale)
     if name == _VARIABLE_DECIMAL:
         return ColumnType(T.DecimalType(38, 18), _VARIABLE_DECIMAL, 18)
     if name in ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date"):
@@ -134,7 +136,7 @@ def column_type(schema: Mapping[str, Any]) -> ColumnType:
     if name in _STRING_LOGICAL:
         return ColumnType(T.StringType())
     if name == "io.debezium.time.Year":
-        return ColumnType(T.IntegerType())
+        return ColumnType(T.LongType())
     if name in ("io.debezium.time.MicroDuration", "io.debezium.time.NanoDuration"):
         return ColumnType(T.LongType())
     if name == "io.debezium.data.Bits":

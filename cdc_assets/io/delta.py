@@ -34,16 +34,17 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from cdc_assets.core.history import (
-    CLOSE_AT_COLUMN,
-    CLOSE_TS_COLUMN,
+from cdc_assets.core.history import CLOSE_AT_COLUMN, CLOSE_TS_COLUMN, KIND_COLUMN
+from cdc_assets.core.layout import (
     CURRENT_COLUMN,
-    KIND_COLUMN,
+    DELETED_COLUMN,
+    OP_COLUMN,
+    POSITION_COLUMN,
+    SOURCE_TS_COLUMN,
     VALID_FROM_COLUMN,
     VALID_TO_COLUMN,
     VALID_TO_TS_COLUMN,
 )
-from cdc_assets.core.layout import DELETED_COLUMN, OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN
 from cdc_assets.io.spark import has_delta
 
 METADATA_KEY = "cdc_assets"
@@ -122,6 +123,11 @@ class DeltaWriter(Protocol):
 
     def current_rows(self, target: DeltaTarget, keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
         """``columns`` of the table's rows whose key (``keys``' one column) is in ``keys``; None if no table."""
+        ...
+
+    def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
+        """Create the table with ``schema`` if it is missing, else add the columns it lacks (nullable);
+        set ``properties`` on it. Returns the names of the columns created or added."""
         ...
 
 
@@ -293,6 +299,22 @@ class DeltaRsWriter:
         plain = pa.string() if pa.types.is_string_view(wanted.type) else wanted.type
         return dataset.to_table(columns=list(columns), filter=pds.field(key).cast(plain).isin(wanted.cast(plain)))
 
+    def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
+        from deltalake import Field
+
+        table = self._table(target)
+        if table is None:
+            table = DeltaTable.create(target.path, schema=schema, storage_options=dict(target.storage_options),
+                                      configuration=dict(properties) or None)
+            return list(schema.names)
+        present = set(pa.schema(table.schema().to_arrow()).names)
+        missing = [field.with_nullable(True) for field in schema if field.name not in present]
+        if missing:
+            table.alter.add_columns([Field.from_arrow(field) for field in missing])
+        if properties:
+            table.alter.set_table_properties(dict(properties), raise_if_not_exists=False)
+        return [field.name for field in missing]
+
     @staticmethod
     def _already_applied(table: DeltaTable, commit: CommitRequest) -> bool:
         applied = table.transaction_version(commit.app_id)
@@ -393,6 +415,27 @@ class DeltaSparkWriter:
         wanted = self._spark.createDataFrame(keys)
         return (self._spark.read.format("delta").load(target.path).join(wanted, key, "left_semi")
                 .select(*[quote_spark(name) for name in columns]).toArrow())
+
+    def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
+        from delta.tables import DeltaTable as SparkDeltaTable
+
+        wanted = self._spark.createDataFrame(schema.empty_table()).schema
+        table = self._table_ref(target)
+        if self._history(target, 1) is None:
+            builder = SparkDeltaTable.createIfNotExists(self._spark).location(target.path).addColumns(wanted)
+            for key, value in properties.items():
+                builder = builder.property(key, value)
+            builder.execute()
+            return list(schema.names)
+        present = set(self._spark.read.format("delta").load(target.path).columns)
+        missing = [field for field in wanted.fields if field.name not in present]
+        if missing:
+            columns = ", ".join(f"{quote_spark(f.name)} {f.dataType.simpleString()}" for f in missing)
+            self._spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({columns})")
+        if properties:
+            settings = ", ".join(f"'{k}' = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in properties.items())
+            self._spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({settings})")
+        return [field.name for field in missing]
 
     def _already_applied(self, target: DeltaTarget, commit: CommitRequest) -> bool:
         progress = self.read_progress(target, commit.app_id)

@@ -1,0 +1,80 @@
+"""The table registry: what schema-change events announced for each captured table.
+
+A Delta table of the pipeline (``<delta root>/_cdc_assets/schema_registry``), one row per applied
+table change, written with delta-rs. The code location reads it when it loads: tables created at the
+source (and matched by a connector's include patterns) become assets without code changes, and
+dropped tables stay as retired assets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import types as T
+
+REGISTRY_SCHEMA = pa.schema([
+    ("connector", pa.string()),
+    ("table", pa.string()),
+    ("change", pa.string()),
+    ("status", pa.string()),
+    ("primary_keys", pa.string()),
+    ("columns", pa.string()),
+    ("source_position", pa.string()),
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("offset", pa.int64()),
+    ("applied_at", pa.timestamp("us", tz="UTC")),
+    ("run_id", pa.string()),
+])
+
+
+@dataclass(frozen=True)
+class RegistryEntry:
+    """The latest announced state of one table."""
+
+    connector: str
+    table: str
+    status: str  # "active" or "retired"
+    primary_keys: tuple[str, ...]
+    columns: T.StructType
+
+    @property
+    def column_types(self) -> dict[str, str]:
+        """``column -> Spark SQL type`` (the config's ``columns`` form)."""
+        return {field.name: field.dataType.simpleString() for field in self.columns.fields}
+
+
+def record_change(path: str, storage_options: Mapping[str, str], *, connector: str, table: str, change: str,
+                  primary_keys: tuple[str, ...], columns: T.StructType, source_position: str, topic: str,
+                  partition: int, offset: int, run_id: str) -> None:
+    """Append one applied table change to the registry."""
+    row = {"connector": connector, "table": table, "change": change,
+           "status": "retired" if change == "DROP" else "active", "primary_keys": json.dumps(list(primary_keys)),
+           "columns": columns.json(), "source_position": source_position, "topic": topic, "partition": partition,
+           "offset": offset, "applied_at": datetime.now(timezone.utc), "run_id": run_id}
+    write_deltalake(path, pa.Table.from_pylist([row], schema=REGISTRY_SCHEMA), mode="append",
+                    storage_options=dict(storage_options))
+
+
+def read_registry(path: str, storage_options: Mapping[str, str]) -> dict[tuple[str, str], RegistryEntry]:
+    """The latest entry per (connector, table); empty when nothing was registered yet."""
+    options = dict(storage_options)
+    if not DeltaTable.is_deltatable(path, storage_options=options):
+        return {}
+    rows = DeltaTable(path, storage_options=options).to_pyarrow_table().to_pylist()
+    latest: dict[tuple[str, str], dict] = {}
+    for row in sorted(rows, key=lambda r: (r["applied_at"], r["offset"])):
+        previous = latest.get((row["connector"], row["table"]))
+        if row["change"] == "DROP" and previous is not None:
+            row = {**row, "columns": previous["columns"], "primary_keys": previous["primary_keys"]}
+        latest[(row["connector"], row["table"])] = row
+    return {
+        key: RegistryEntry(row["connector"], row["table"], row["status"], tuple(json.loads(row["primary_keys"])),
+                           T.StructType.fromJson(json.loads(row["columns"])))
+        for key, row in latest.items()
+    }

@@ -1,0 +1,88 @@
+"""The schema-change sensor: reads each connector's schema-change topic (``<topic.prefix>``) and
+requests an ``apply_schema_change_job`` run for every CREATE, ALTER or DROP of a captured table.
+
+Run keys are ``schema-change:<topic>:<partition>:<offset>:<n>``, so a re-evaluated tick never
+launches a change twice. The cursor (``{topic: {partition: next offset}}``) only moves past events
+that were acted on: a malformed event stops its topic there. The tick fails with the event's
+coordinates when nothing before it was requested; otherwise it logs the error and requests those runs.
+"""
+
+import json
+from collections.abc import Sequence
+
+from dagster import JobDefinition, RunRequest, SensorDefinition, SensorEvaluationContext, SensorResult, sensor
+
+from cdc_assets.assets import dagster_name
+from cdc_assets.catalog import CapturedTable, captures, table_path
+from cdc_assets.config import PipelineConfig
+from cdc_assets.core.schema_change import SchemaChangeError, parse_schema_change
+from cdc_assets.io.kafka_source import KafkaSource, SourceError
+from cdc_assets.resources import kafka_client_settings
+
+MAX_EVENTS_PER_TICK = 500
+
+
+def make_schema_change_sensor(config: PipelineConfig, tables: Sequence[CapturedTable], apply_job: JobDefinition,
+                              minimum_interval_seconds: int = 30) -> SensorDefinition:
+    """A sensor over every connector's schema-change topic that requests ``apply_job`` runs."""
+    known = {(table.connector, table.name): table for table in tables}
+
+    @sensor(name="schema_change_sensor", job=apply_job, minimum_interval_seconds=minimum_interval_seconds,
+            description="CREATE/ALTER/DROP of captured tables from Debezium schema-change topics")
+    def schema_change_sensor(context: SensorEvaluationContext) -> SensorResult:
+        cursor: dict[str, dict[str, int]] = json.loads(context.cursor) if context.cursor else {}
+        requests: list[RunRequest] = []
+        problems: list[str] = []
+        source = KafkaSource(kafka_client_settings(config.kafka))
+        try:
+            for connector in config.connectors:
+                topic = connector.topic_prefix
+                offsets = {int(p): o for p, o in cursor.get(topic, {}).items()}
+                try:
+                    batch = source.read_batch(topic, offsets, MAX_EVENTS_PER_TICK, 64 * 1024 * 1024, 10)
+                except SourceError as exc:
+                    if "does not exist" in str(exc):
+                        continue  # no DDL captured yet
+                    raise
+                next_offsets = dict(batch.end_offsets)
+                stopped: set[int] = set()
+                records = batch.records.to_pylist()
+                for record in sorted(records, key=lambda r: (r["partition"], r["offset"])):
+                    partition, offset = record["partition"], record["offset"]
+                    if partition in stopped:
+                        continue
+                    try:
+                        event = parse_schema_change(record["value"])
+                    except SchemaChangeError as exc:
+                        problems.append(f"{topic} partition {partition} offset {offset}: {exc}")
+                        next_offsets[partition] = offset
+                        stopped.add(partition)
+                        continue
+                    for index, change in enumerate(event.changes):
+                        if not captures(connector, change.name):
+                            continue
+                        table = known.get((connector.name, change.name))
+                        asset_key = table.asset_key_path if table else [topic, *change.name.split(".")]
+                        path = table.target.path if table else table_path(config, connector, change.name)
+                        apply_mode = table.apply_mode if table else "scd1"
+                        run_config = {"ops": {"apply_schema_change": {"config": {
+                            "connector": connector.name, "table": change.name, "change": change.type,
+                            "columns": change.columns.json(), "primary_keys": list(change.primary_keys),
+                            "renames": [list(pair) for pair in change.renames],
+                            "asset_key": [dagster_name(part) for part in asset_key], "delta_path": path,
+                            "apply_mode": apply_mode, "source_position": event.source_position,
+                            "topic": topic, "partition": partition, "offset": offset}}}}
+                        requests.append(RunRequest(
+                            run_key=f"schema-change:{topic}:{partition}:{offset}:{index}", run_config=run_config,
+                            tags={"cdc_assets/schema_change": f"{change.type} {connector.name}/{change.name}"}))
+                cursor[topic] = {str(p): o for p, o in next_offsets.items()}
+        finally:
+            source.close()
+        if problems and not requests:
+            raise SchemaChangeError("malformed schema-change event(s), cursor kept before them: "
+                                    + "; ".join(problems))
+        for problem in problems:
+            context.log.error(f"malformed schema-change event, cursor kept before it: {problem}")
+        return SensorResult(run_requests=requests, cursor=json.dumps(cursor, sort_keys=True))
+
+    return schema_change_sensor
