@@ -10,13 +10,17 @@ from dagster import (
     Config,
     MaterializeResult,
     MetadataValue,
+    TableColumn,
+    TableSchema,
     asset,
 )
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
+from pyspark.sql.types import StructType
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
+from cdc_assets.io.delta import DeltaRsWriter
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
 from cdc_assets.resources import DeltaResource, KafkaResource
 
@@ -61,6 +65,10 @@ def report_metadata(report: BatchReport) -> dict[str, object]:
             metadata["last_incremental_snapshot_read_at"] = summary.last_incremental_snapshot_read_ts.isoformat()
     if report.capture_lag_s is not None:
         metadata["capture_lag_s"] = round(report.capture_lag_s, 3)
+    if report.capture_lag_p50_s is not None:
+        metadata["capture_lag_p50_s"] = round(report.capture_lag_p50_s, 3)
+    if "total_s" in report.timings:
+        metadata["batch_seconds"] = round(report.timings["total_s"], 3)
     if outcome is not None:
         metadata.update(
             rows_inserted=outcome.inserted,
@@ -72,20 +80,45 @@ def report_metadata(report: BatchReport) -> dict[str, object]:
     return metadata
 
 
+def column_schema(schema: StructType | None) -> TableSchema | None:
+    """A Delta schema as Dagster column metadata."""
+    if schema is None:
+        return None
+    return TableSchema(columns=[TableColumn(field.name, field.dataType.simpleString(),
+                                            description="hidden CDC column" if field.name.startswith("_cdc_")
+                                            else None)
+                                for field in schema.fields])
+
+
+def _current_schema(table: CapturedTable) -> StructType | None:
+    """The Delta table's schema, read from its log (no Spark), or None if there is no table yet."""
+    try:
+        return DeltaRsWriter().table_schema(table.target)
+    except Exception:  # unreachable storage must not keep the code location from loading
+        return None
+
+
 def build_cdc_asset(table: CapturedTable, limits: BatchLimits) -> AssetsDefinition:
     """The asset of one captured table: its materialization is one micro-batch MERGE into Delta."""
     keys = ", ".join(table.key_columns) if table.key_columns else "from the record key"
+    static_metadata: dict[str, object] = {
+        "topic": table.topic, "delta_path": MetadataValue.path(table.target.path), "connector": table.connector,
+        "connector_kind": table.kind, "source_table": table.name, "apply_mode": table.apply_mode,
+        "retired": table.retired}
+    schema = column_schema(_current_schema(table))
+    if schema is not None:
+        static_metadata["dagster/column_schema"] = schema
 
     @asset(
         key=AssetKey([dagster_name(part) for part in table.asset_key_path]),
         group_name=dagster_name(table.connector),
         kinds=CDC_KINDS,
         description=(f"`{table.name}` captured by {table.kind} connector `{table.connector}`: topic "
-                     f"`{table.topic}` merged into Delta at `{table.target.path}` (keys: {keys})."),
-        metadata={"topic": table.topic, "delta_path": MetadataValue.path(table.target.path),
-                  "connector": table.connector, "connector_kind": table.kind, "source_table": table.name,
-                  "apply_mode": table.apply_mode, "retired": table.retired},
-        tags={STATUS_TAG: "retired" if table.retired else "active"},
+                     f"`{table.topic}` merged into Delta at `{table.target.path}` (keys: {keys}; apply mode "
+                     f"{table.apply_mode}; bad events: {table.on_bad_event})."),
+        metadata=static_metadata,
+        owners=list(table.owners) or None,
+        tags={**dict(table.tags), STATUS_TAG: "retired" if table.retired else "active"},
     )
     def merge_table(context: AssetExecutionContext, config: MergeConfig, spark: LazyPySparkResource,
                     kafka: KafkaResource, delta: DeltaResource) -> MaterializeResult:
@@ -93,8 +126,13 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits) -> AssetsDefiniti
         batch_limits = limits
         if config.max_records_per_batch:
             batch_limits = limits.model_copy(update={"max_records": config.max_records_per_batch})
-        report = merge_micro_batch(session, kafka.source(), delta.writer_for(session), table, batch_limits)
+        writer = delta.writer_for(session)
+        report = merge_micro_batch(session, kafka.source(), writer, table, batch_limits)
         context.log.info(f"{table.topic}: {report.events_read} events read, offsets {report.offsets_json()}")
-        return MaterializeResult(metadata=report_metadata(report))
+        metadata = report_metadata(report)
+        schema = column_schema(writer.table_schema(table.target))
+        if schema is not None:
+            metadata["dagster/column_schema"] = schema
+        return MaterializeResult(metadata=metadata)
 
     return merge_table

@@ -28,6 +28,9 @@ class CapturedTable:
     apply_mode: str = "scd1"
     dead_letter: DeltaTarget | None = None
     retired: bool = False
+    owners: tuple[str, ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
+    max_capture_lag_s: float = 3600.0
 
     @property
     def asset_key_path(self) -> list[str]:
@@ -125,6 +128,9 @@ def resolve_tables(config: PipelineConfig, list_topics: Callable[[], Iterable[st
                     dead_letter=DeltaTarget(pipeline_table_path(config.delta.root, "dead_letter"),
                                             dict(config.delta.storage_options)),
                     retired=entry is not None and entry.status == "retired",
+                    owners=tuple(table.owners or connector.owners),
+                    tags=tuple(sorted({**connector.tags, **table.tags}.items())),
+                    max_capture_lag_s=table.max_capture_lag_s or config.max_capture_lag_s,
                 )
             )
     return tables

@@ -103,6 +103,9 @@ class TableConfig(_Model):
         default="halt", description="halt: commit nothing and fail; dead_letter: apply the rest, keep bad events "
                                     "in the pipeline's dead-letter table")
     apply_mode: Literal["scd1", "soft_delete", "scd2"] = "scd1"
+    owners: list[str] = Field(default_factory=list, description="Dagster asset owners (emails or team:name)")
+    tags: dict[str, str] = Field(default_factory=dict, description="Dagster asset tags")
+    max_capture_lag_s: float | None = Field(default=None, gt=0, description="capture-lag check bound")
 
     @field_validator("name")
     @classmethod
@@ -159,6 +162,8 @@ class ConnectorConfig(_Model):
     include: list[str] = Field(default_factory=list, description="regexes over '<schema>.<table>'")
     signal: SignalConfig | None = None
     snapshot_schedules: list[SnapshotScheduleConfig] = Field(default_factory=list)
+    owners: list[str] = Field(default_factory=list, description="default owners of the connector's tables")
+    tags: dict[str, str] = Field(default_factory=dict, description="default tags of the connector's tables")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -201,6 +206,7 @@ class PipelineConfig(_Model):
     delta: DeltaConfig
     batch: BatchLimits = Field(default_factory=BatchLimits)
     merge_schedule: MergeScheduleConfig | None = None
+    max_capture_lag_s: float = Field(default=3600.0, gt=0, description="default bound of the capture-lag check")
     connectors: list[ConnectorConfig]
 
     @model_validator(mode="after")

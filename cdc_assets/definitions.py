@@ -7,6 +7,7 @@ from dagster import Definitions, in_process_executor
 
 from cdc_assets.assets import build_cdc_asset
 from cdc_assets.catalog import resolve_tables
+from cdc_assets.checks import build_table_checks
 from cdc_assets.config import PipelineConfig, load_config
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.registry import read_registry
@@ -40,6 +41,7 @@ def build_definitions(config: PipelineConfig) -> Definitions:
         sensors.append(make_snapshot_backfill_sensor(live, incremental_snapshot_job, cdc_merge_job))
     return Definitions(
         assets=[build_cdc_asset(table, config.batch) for table in tables],
+        asset_checks=[check for table in tables for check in build_table_checks(table)],
         jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job, apply_schema_change_job],
         schedules=[*build_merge_schedules(config), *build_snapshot_schedules(config)],
         sensors=sensors,

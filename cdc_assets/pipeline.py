@@ -78,12 +78,12 @@ class BatchReport:
     @property
     def capture_lag_s(self) -> float | None:
         """Seconds from the newest applied change in the source database to now."""
-        if self.summary is None or self.summary.max_source_ts is None:
-            return None
-        newest = self.summary.max_source_ts
-        if newest.tzinfo is None:
-            newest = newest.replace(tzinfo=timezone.utc)
-        return (datetime.now(timezone.utc) - newest).total_seconds()
+        return _seconds_since(self.summary.max_source_ts if self.summary else None)
+
+    @property
+    def capture_lag_p50_s(self) -> float | None:
+        """The median over the batch's keys of the seconds since each key's newest change."""
+        return _seconds_since(self.summary.median_key_source_ts if self.summary else None)
 
     def offsets_json(self) -> str:
         """``{partition: {from, to, high_watermark}}`` as JSON."""
@@ -92,6 +92,14 @@ class BatchReport:
                      "high_watermark": self.raw.high_watermarks[p]}
             for p in sorted(self.raw.start_offsets)
         })
+
+
+def _seconds_since(moment: datetime | None) -> float | None:
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return (datetime.now(timezone.utc) - moment).total_seconds()
 
 
 def _sample(column: pa.ChunkedArray) -> list[bytes]:
@@ -157,7 +165,8 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     if raw.end_offsets == raw.start_offsets:
         return BatchReport(table, writer.name, raw, tombstones, None, None, timings)
 
-    commit = CommitRequest(table.app_id, sum(raw.end_offsets.values()), table.topic, raw.end_offsets)
+    commit = CommitRequest(table.app_id, sum(raw.end_offsets.values()), table.topic, raw.end_offsets,
+                           progress.key_columns if progress else ())
     existing = writer.table_schema(table.target)
     if events.num_rows == 0:
         if existing is None:
@@ -179,6 +188,7 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
         raise LayoutError(f"table '{table.name}', topic {table.topic}, batch offsets by partition {offsets}: "
                           f"{exc}. Nothing was committed") from exc
 
+    commit = replace(commit, key_columns=layout.key_columns)
     mark = time.perf_counter()
     events_df = spark.createDataFrame(events)
     timings["to_spark_s"] = time.perf_counter() - mark

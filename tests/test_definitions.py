@@ -73,3 +73,49 @@ def test_a_broken_config_is_a_readable_error_at_load(tmp_path):
                           env={"CDC_ASSETS_CONFIG": str(bad), "PATH": ""})
     assert load.returncode != 0
     assert f"{bad}:line 14: connectors.1.kind" in load.stderr
+
+
+def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
+    import pyarrow as pa
+    from dagster import AssetCheckKey, AssetSelection, DagsterInstance
+    from deltalake import write_deltalake
+
+    prefix_config = CONFIG.replace("dbserver1", "checks1").replace("server1", "checks2")
+    # The demo sample, on topics of this test's own.
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from cdc_assets.demo.sample import SAMPLE_TOPICS
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for topic, (partitions, records) in SAMPLE_TOPICS.items():
+        renamed = topic.replace("dbserver1", "checks1").replace("server1", "checks2")
+        admin.create_topics([NewTopic(renamed, num_partitions=partitions, replication_factor=1)])[renamed].result()
+        for key, value in records:
+            producer.produce(renamed, key=key, value=value)
+    producer.flush(30)
+    defs = build_definitions(parse_config(prefix_config.format(bootstrap=broker.bootstrap_servers, root=tmp_path)))
+    products = AssetKey(["checks1", "inventory", "products"])
+    assert {k.name for k in defs.resolve_asset_graph().get(products).check_keys} == {
+        "unique_keys", "no_null_keys", "capture_lag", "no_dead_letters", "schema_matches_source"}
+    with DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
+        evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
+        assert len(evaluations) == 15
+        assert evaluations[("products", "unique_keys")].passed
+        assert evaluations[("products", "unique_keys")].metadata["rows"].value == 10
+        # The sample's changes were made in 2023: far beyond the default one-hour bound.
+        lag = evaluations[("products", "capture_lag")]
+        assert not lag.passed and lag.severity.value == "WARN"
+        assert all(e.passed for (_, name), e in evaluations.items() if name != "capture_lag")
+
+        # A duplicated key written behind the pipeline's back fails the blocking check.
+        path = str(tmp_path / "checks1" / "inventory" / "products")
+        duplicate = DeltaTable(path).to_pyarrow_table().slice(0, 1)
+        write_deltalake(path, pa.Table.from_batches(duplicate.to_batches(), duplicate.schema), mode="append")
+        check = materialize([*defs.assets, *defs.asset_checks], resources=defs.resources, instance=instance,
+                            selection=AssetSelection.checks(AssetCheckKey(products, "unique_keys")),
+                            raise_on_error=False)
+        [evaluation] = check.get_asset_check_evaluations()
+        assert not evaluation.passed and evaluation.metadata["duplicate_keys"].value == 1

@@ -85,7 +85,16 @@ class BatchSummary:
     incremental_snapshot_reads: int
     last_incremental_snapshot_read_ts: datetime | None
     max_source_ts: datetime | None
+    median_key_source_ts: datetime | None  # median over keys of each key's newest change
     bad_events: tuple[BadEvent, ...]
+
+
+def _median_timestamp(values: pa.ChunkedArray) -> datetime | None:
+    present = values.drop_null()
+    if not len(present):
+        return None
+    micros = pc.quantile(present.cast(pa.int64()), q=0.5, interpolation="lower")[0].as_py()
+    return pa.scalar(micros, present.type).as_py()
 
 
 def split_folded(folded: pa.Table) -> tuple[pa.Table, BatchSummary]:
@@ -106,6 +115,7 @@ def split_folded(folded: pa.Table) -> tuple[pa.Table, BatchSummary]:
         incremental_snapshot_reads=total(_N_INCREMENTAL),
         last_incremental_snapshot_read_ts=pc.max(folded[_MAX_INCREMENTAL_TS]).as_py() if folded.num_rows else None,
         max_source_ts=pc.max(folded[_MAX_TS]).as_py() if folded.num_rows else None,
+        median_key_source_ts=_median_timestamp(folded[_MAX_TS]),
         bad_events=bad,
     )
     rows = folded.filter(pc.is_valid(folded[OP_COLUMN])).drop_columns(list(STAT_COLUMNS))

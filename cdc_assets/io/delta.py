@@ -12,8 +12,8 @@ Every commit that applies a batch carries, in the same atomic commit as the data
 - an app transaction ``(app_id, version)``; ``version`` grows with the offsets, so a batch that was
   already committed is recognised and skipped (delta-rs does not skip repeats by itself, so
   ``DeltaRsWriter`` checks ``transaction_version`` first; delta-spark skips them natively);
-- ``commitInfo.userMetadata``: ``{"cdc_assets": {"app_id", "version", "topic", "offsets"}}``,
-  the offsets the next batch starts from.
+- ``commitInfo.userMetadata``: ``{"cdc_assets": {"app_id", "version", "topic", "offsets",
+  "key_columns"}}``: the offsets the next batch starts from, and the table's key columns.
 
 The MERGE applies a folded row only when its ``_cdc_position`` is newer than the target row's, so
 applying any batch twice changes nothing.
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pds
 from deltalake import CommitProperties, DeltaTable, Transaction
 from pyspark.sql import SparkSession
@@ -71,10 +72,12 @@ class CommitRequest:
     version: int
     topic: str
     offsets: Mapping[int, int]
+    key_columns: tuple[str, ...] = ()
 
     def user_metadata(self) -> str:
         payload = {"app_id": self.app_id, "version": self.version, "topic": self.topic,
-                   "offsets": {str(p): o for p, o in sorted(self.offsets.items())}}
+                   "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
+                   "key_columns": list(self.key_columns)}
         return json.dumps({METADATA_KEY: payload}, sort_keys=True)
 
 
@@ -85,6 +88,7 @@ class TableProgress:
     offsets: dict[int, int]
     txn_version: int
     delta_version: int
+    key_columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,15 @@ class MergeOutcome:
     updated: int = 0
     deleted: int = 0
     already_applied: bool = False
+
+
+@dataclass(frozen=True)
+class KeyReport:
+    """What the key checks look at."""
+
+    rows: int
+    duplicate_keys: int
+    null_keys: int
 
 
 class DeltaWriter(Protocol):
@@ -130,6 +143,10 @@ class DeltaWriter(Protocol):
         set ``properties`` on it. Returns the names of the columns created or added."""
         ...
 
+    def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
+        """Rows, duplicated keys and null keys of the table (for scd2, of its current versions)."""
+        ...
+
 
 def _progress_from_history(history: Sequence[Mapping[str, object]], app_id: str) -> TableProgress | None:
     for entry in history:
@@ -145,6 +162,7 @@ def _progress_from_history(history: Sequence[Mapping[str, object]], app_id: str)
                 offsets={int(p): int(o) for p, o in recorded["offsets"].items()},
                 txn_version=int(recorded["version"]),
                 delta_version=int(str(entry["version"])),
+                key_columns=tuple(recorded.get("key_columns") or ()),
             )
     return None
 
@@ -315,6 +333,19 @@ class DeltaRsWriter:
             table.alter.set_table_properties(dict(properties), raise_if_not_exists=False)
         return [field.name for field in missing]
 
+    def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
+        table = self._table(target)
+        if table is None:
+            return None
+        dataset = table.to_pyarrow_dataset()
+        current = CURRENT_COLUMN in dataset.schema.names
+        keys = dataset.to_table(columns=list(key_columns),
+                                filter=pds.field(CURRENT_COLUMN) if current else None)
+        nulls = keys.num_rows - keys.drop_null().num_rows
+        counts = keys.group_by(list(key_columns)).aggregate([([], "count_all")])
+        duplicates = pc.sum(pc.greater(counts["count_all"], 1)).as_py() or 0
+        return KeyReport(keys.num_rows, int(duplicates), nulls)
+
     @staticmethod
     def _already_applied(table: DeltaTable, commit: CommitRequest) -> bool:
         applied = table.transaction_version(commit.app_id)
@@ -436,6 +467,22 @@ class DeltaSparkWriter:
             settings = ", ".join(f"'{k}' = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in properties.items())
             self._spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({settings})")
         return [field.name for field in missing]
+
+    def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
+        from pyspark.sql import functions as F
+
+        if self._history(target, 1) is None:
+            return None
+        rows = self._spark.read.format("delta").load(target.path)
+        if CURRENT_COLUMN in rows.columns:
+            rows = rows.where(F.col(CURRENT_COLUMN))
+        keys = [F.col(quote_spark(name)) for name in key_columns]
+        nulls = F.lit(False)
+        for key in keys:
+            nulls = nulls | key.isNull()
+        total, null_keys = rows.agg(F.count(F.lit(1)), F.count_if(nulls)).first()
+        duplicates = rows.groupBy(*keys).count().where("count > 1").count()
+        return KeyReport(int(total), int(duplicates), int(null_keys))
 
     def _already_applied(self, target: DeltaTarget, commit: CommitRequest) -> bool:
         progress = self.read_progress(target, commit.app_id)

@@ -87,7 +87,8 @@ def test_commit_metadata_is_the_documented_json(spark, writer, tmp_path):
     else:
         latest = spark.sql(f"DESCRIBE HISTORY delta.`{target.path}` LIMIT 1").first().asDict()
     assert json.loads(latest["userMetadata"]) == {
-        "cdc_assets": {"app_id": "cdc_assets:t", "version": 4, "topic": "t", "offsets": {"2": 4}}}
+        "cdc_assets": {"app_id": "cdc_assets:t", "version": 4, "topic": "t", "offsets": {"2": 4},
+                       "key_columns": []}}
 
 
 def test_delta_spark_without_delta_in_the_session_is_a_clear_error(spark):

@@ -1,0 +1,90 @@
+"""Asset checks of every CDC table: the keys are unique and never null (blocking: they guard
+correctness for anything downstream), the capture lag is under its bound, no event of the table
+sits in the dead-letter table, and the Delta schema holds every column the source last announced."""
+
+import pyarrow.dataset as pds
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetKey,
+    asset_check,
+)
+from dagster_pyspark import LazyPySparkResource
+from deltalake import DeltaTable
+
+from cdc_assets.assets import dagster_name
+from cdc_assets.catalog import CapturedTable
+from cdc_assets.io.delta import KeyReport
+from cdc_assets.io.registry import read_registry
+from cdc_assets.resources import DeltaResource
+
+
+def _key_report(table: CapturedTable, delta: DeltaResource, spark: LazyPySparkResource) -> KeyReport | None:
+    """Key statistics of the table; its key columns are the configured ones, else those its last
+    batch commit recorded (taken from the record keys)."""
+    writer = delta.writer_for_schema_changes(spark)
+    progress = writer.read_progress(table.target, table.app_id)
+    keys = table.key_columns or (progress.key_columns if progress else ())
+    return writer.key_report(table.target, keys) if keys else None
+
+
+def build_table_checks(table: CapturedTable) -> list[AssetChecksDefinition]:
+    """The five checks of one captured table."""
+    key = AssetKey([dagster_name(part) for part in table.asset_key_path])
+    name = table.name
+
+    @asset_check(asset=key, name="unique_keys", blocking=True,
+                 description=f"Each key of {name} appears once (current versions for scd2).")
+    def unique_keys(context: AssetCheckExecutionContext, delta: DeltaResource,
+                    spark: LazyPySparkResource) -> AssetCheckResult:
+        report = _key_report(table, delta, spark)
+        if report is None:
+            return AssetCheckResult(passed=True, metadata={"rows": 0, "note": "no batch applied yet"})
+        return AssetCheckResult(passed=report.duplicate_keys == 0,
+                                metadata={"rows": report.rows, "duplicate_keys": report.duplicate_keys})
+
+    @asset_check(asset=key, name="no_null_keys", blocking=True, description=f"No row of {name} has a null key.")
+    def no_null_keys(context: AssetCheckExecutionContext, delta: DeltaResource,
+                     spark: LazyPySparkResource) -> AssetCheckResult:
+        report = _key_report(table, delta, spark)
+        if report is None:
+            return AssetCheckResult(passed=True, metadata={"rows": 0, "note": "no batch applied yet"})
+        return AssetCheckResult(passed=report.null_keys == 0, metadata={"null_keys": report.null_keys})
+
+    @asset_check(asset=key, name="capture_lag", description=(
+        f"The newest change applied by the last merge of {name} is at most {table.max_capture_lag_s:.0f}s old."))
+    def capture_lag(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        event = context.instance.get_latest_materialization_event(key)
+        materialization = event.asset_materialization if event else None
+        lag = materialization.metadata.get("capture_lag_s") if materialization else None
+        if lag is None:
+            return AssetCheckResult(passed=True, metadata={"note": "the last merge applied no change"})
+        return AssetCheckResult(passed=lag.value <= table.max_capture_lag_s, severity=AssetCheckSeverity.WARN,
+                                metadata={"capture_lag_s": lag.value, "bound_s": table.max_capture_lag_s})
+
+    @asset_check(asset=key, name="no_dead_letters", description=f"No event of {name} is in the dead-letter table.")
+    def no_dead_letters(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        target = table.dead_letter
+        count = 0
+        if target is not None and DeltaTable.is_deltatable(target.path, storage_options=dict(target.storage_options)):
+            dataset = DeltaTable(target.path, storage_options=dict(target.storage_options)).to_pyarrow_dataset()
+            count = dataset.count_rows(filter=pds.field("topic") == table.topic)
+        return AssetCheckResult(passed=count == 0, severity=AssetCheckSeverity.WARN,
+                                metadata={"dead_lettered_events": count})
+
+    @asset_check(asset=key, name="schema_matches_source",
+                 description=f"The Delta table of {name} has every column the source last announced.")
+    def schema_matches_source(context: AssetCheckExecutionContext, delta: DeltaResource,
+                              spark: LazyPySparkResource) -> AssetCheckResult:
+        entry = read_registry(delta.registry_path, delta.storage_options).get((table.connector, name))
+        if entry is None:
+            return AssetCheckResult(passed=True, metadata={"note": "no schema-change event announced this table"})
+        schema = delta.writer_for_schema_changes(spark).table_schema(table.target)
+        present = set(schema.fieldNames()) if schema is not None else set()
+        missing = [column for column in entry.columns.fieldNames() if column not in present]
+        return AssetCheckResult(passed=not missing, severity=AssetCheckSeverity.WARN,
+                                metadata={"missing_columns": missing, "announced": entry.columns.fieldNames()})
+
+    return [unique_keys, no_null_keys, capture_lag, no_dead_letters, schema_matches_source]

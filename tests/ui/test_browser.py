@@ -1,0 +1,118 @@
+"""The Dagster UI in a real browser: `dagster dev` (webserver and daemon) on the demo config and a
+local broker, driven by headless Chromium. Screenshots land in tests/artifacts/."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cdc_assets.demo.broker import LocalBroker, free_port
+from cdc_assets.demo.sample import publish_sample
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def dagster_dev(tmp_path):
+    """`dagster dev` against the demo config, a fresh local broker with the sample, Delta under tmp_path."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Chromium is not installed (scripts/setup installs Debian's chromium)")
+    with LocalBroker() as broker:
+        publish_sample(broker.bootstrap_servers)
+        home = tmp_path / "dagster_home"
+        home.mkdir()
+        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        port = free_port()
+        env = {**os.environ, "CDC_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+               "CDC_DELTA_ROOT": str(tmp_path / "delta"), "CDC_DELTA_WRITER": "delta-rs",
+               "DAGSTER_HOME": str(home)}
+        env.pop("CDC_ASSETS_CONFIG", None)
+        log = open(tmp_path / "dagster_dev.log", "wb")  # noqa: SIM115 - closed after the process
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
+             "-p", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    urllib.request.urlopen(base + "/server_info", timeout=2)
+                    break
+                except OSError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        raise AssertionError("dagster dev did not start: "
+                                             + (tmp_path / "dagster_dev.log").read_text()[-3000:]) from None
+                    time.sleep(1)
+            yield base
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+            log.close()
+
+
+def metadata_value(body: str, key: str) -> str:
+    """The value shown next to a metadata key in the asset page's metadata table."""
+    index = body.find(key)
+    assert index >= 0, f"metadata '{key}' is not shown on the asset page"
+    cells = [line.strip() for line in body[index:index + 300].splitlines() if line.strip()]
+    return cells[2]  # key, timestamp, value
+
+
+def test_materialize_all_from_the_ui_and_read_the_metadata(dagster_dev):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        try:
+            page.goto(dagster_dev + "/asset-groups")
+            materialize_all = page.get_by_role("button", name="Materialize all")
+            materialize_all.wait_for(timeout=60_000)
+            skip = page.get_by_role("button", name="Skip")
+            if skip.is_visible():
+                skip.click()
+            page.screenshot(path=str(ARTIFACTS / "asset_graph.png"))
+            for group in ("inventory", "sales"):
+                assert page.get_by_text(group, exact=True).first.is_visible()
+            materialize_all.click()
+            page.wait_for_timeout(2000)
+
+            page.goto(dagster_dev + "/runs")
+            deadline = time.monotonic() + 300
+            status = ""
+            while time.monotonic() < deadline:
+                body = page.locator("body").inner_text()
+                if "Failure" in body or "Success" in body:
+                    status = "Failure" if "Failure" in body else "Success"
+                    break
+                page.wait_for_timeout(3000)
+                page.reload()
+            page.screenshot(path=str(ARTIFACTS / "runs.png"))
+            assert status == "Success", f"the run launched from the UI ended as {status or 'not finished'}"
+
+            page.goto(dagster_dev + "/assets/dbserver1/inventory/products")
+            page.get_by_text("rows_inserted").first.wait_for(timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "products_asset.png"), full_page=True)
+            body = page.locator("body").inner_text()
+            assert int(metadata_value(body, "rows_inserted")) == 10
+            assert int(metadata_value(body, "delta_version")) >= 1
+            assert "inventory.products captured by postgresql connector" in body
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "last_page.png"))
+            browser.close()
