@@ -2,6 +2,7 @@
 
 import json
 import re
+from collections.abc import Mapping
 
 from dagster import (
     AssetExecutionContext,
@@ -20,7 +21,8 @@ from pyspark.sql.types import StructType
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
-from cdc_assets.io.delta import DeltaRsWriter
+from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
+from cdc_assets.io.transactions import update_watermark
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
 from cdc_assets.resources import DeltaResource, KafkaResource
 
@@ -67,6 +69,10 @@ def report_metadata(report: BatchReport) -> dict[str, object]:
         metadata["capture_lag_s"] = round(report.capture_lag_s, 3)
     if report.capture_lag_p50_s is not None:
         metadata["capture_lag_p50_s"] = round(report.capture_lag_p50_s, 3)
+    if report.transactions is not None:
+        metadata["transactions_applied"] = int(report.transactions["applied"])  # type: ignore[call-overload]
+        metadata["transactions_waiting"] = MetadataValue.json(report.transactions["waiting"])
+        metadata["transactions_incomplete"] = MetadataValue.json(report.transactions["incomplete"])
     if "total_s" in report.timings:
         metadata["batch_seconds"] = round(report.timings["total_s"], 3)
     if outcome is not None:
@@ -98,8 +104,11 @@ def _current_schema(table: CapturedTable) -> StructType | None:
         return None
 
 
-def build_cdc_asset(table: CapturedTable, limits: BatchLimits) -> AssetsDefinition:
-    """The asset of one captured table: its materialization is one micro-batch MERGE into Delta."""
+def build_cdc_asset(table: CapturedTable, limits: BatchLimits,
+                    peers: Mapping[str, DeltaTarget] | None = None) -> AssetsDefinition:
+    """The asset of one captured table: its materialization is one micro-batch MERGE into Delta.
+
+    ``peers``: the transaction-consistent tables of the same connector (for the watermark)."""
     keys = ", ".join(table.key_columns) if table.key_columns else "from the record key"
     static_metadata: dict[str, object] = {
         "topic": table.topic, "delta_path": MetadataValue.path(table.target.path), "connector": table.connector,
@@ -130,6 +139,12 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits) -> AssetsDefiniti
         report = merge_micro_batch(session, kafka.source(), writer, table, batch_limits)
         context.log.info(f"{table.topic}: {report.events_read} events read, offsets {report.offsets_json()}")
         metadata = report_metadata(report)
+        if table.transaction_log is not None and table.watermarks is not None and report.outcome is not None:
+            watermark = update_watermark(table.connector, table.transaction_log, peers or {}, table.watermarks)
+            if watermark is not None:
+                metadata["consistent_watermark"] = MetadataValue.json({
+                    "transaction_id": watermark["transaction_id"], "end_offset": watermark["end_offset"],
+                    "versions": json.loads(watermark["versions"])})
         schema = column_schema(writer.table_schema(table.target))
         if schema is not None:
             metadata["dagster/column_schema"] = schema

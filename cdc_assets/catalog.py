@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from cdc_assets.config import ConfigError, ConnectorConfig, PipelineConfig, TableConfig
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.registry import RegistryEntry
+from cdc_assets.io.transactions import TransactionLog
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class CapturedTable:
     owners: tuple[str, ...] = ()
     tags: tuple[tuple[str, str], ...] = ()
     max_capture_lag_s: float = 3600.0
+    transaction_log: TransactionLog | None = None  # set when the table applies whole transactions only
+    watermarks: DeltaTarget | None = None
+    max_watermark_lag_s: float = 3600.0
 
     @property
     def asset_key_path(self) -> list[str]:
@@ -46,6 +50,15 @@ class CapturedTable:
 def pipeline_table_path(root: str, name: str) -> str:
     """Where a pipeline's own tables live: ``<delta root>/_cdc_assets/<name>``."""
     return root.rstrip("/") + "/_cdc_assets/" + name
+
+
+def _transaction_log(config: PipelineConfig, connector: ConnectorConfig, table: TableConfig) -> TransactionLog | None:
+    consistency = table.consistency or ("transaction" if connector.transaction_metadata else "event")
+    if consistency != "transaction":
+        return None
+    topic = connector.transaction_topic or f"{connector.topic_prefix}.transaction"
+    return TransactionLog(topic, DeltaTarget(pipeline_table_path(config.delta.root, f"transactions/{topic}"),
+                                             dict(config.delta.storage_options)))
 
 
 def _is_url(path: str) -> bool:
@@ -99,7 +112,7 @@ def resolve_tables(config: PipelineConfig, list_topics: Callable[[], Iterable[st
                 topics = sorted(list_topics())
             prefix = connector.topic_prefix + "."
             for topic in topics:
-                if not topic.startswith(prefix) or topic.endswith(".transaction"):
+                if not topic.startswith(prefix) or topic.endswith(".transaction") or topic.endswith(".signals"):
                     continue
                 name = topic[len(prefix):]
                 if name not in listed and any(re.fullmatch(p, name) for p in connector.include):
@@ -131,6 +144,10 @@ def resolve_tables(config: PipelineConfig, list_topics: Callable[[], Iterable[st
                     owners=tuple(table.owners or connector.owners),
                     tags=tuple(sorted({**connector.tags, **table.tags}.items())),
                     max_capture_lag_s=table.max_capture_lag_s or config.max_capture_lag_s,
+                    transaction_log=_transaction_log(config, connector, table),
+                    watermarks=DeltaTarget(pipeline_table_path(config.delta.root, "watermarks"),
+                                           dict(config.delta.storage_options)),
+                    max_watermark_lag_s=connector.max_watermark_lag_s,
                 )
             )
     return tables

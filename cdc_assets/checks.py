@@ -2,6 +2,9 @@
 correctness for anything downstream), the capture lag is under its bound, no event of the table
 sits in the dead-letter table, and the Delta schema holds every column the source last announced."""
 
+import json
+from datetime import datetime, timezone
+
 import pyarrow.dataset as pds
 from dagster import (
     AssetCheckExecutionContext,
@@ -18,6 +21,7 @@ from cdc_assets.assets import dagster_name
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.io.delta import KeyReport
 from cdc_assets.io.registry import read_registry
+from cdc_assets.io.transactions import latest_watermark
 from cdc_assets.resources import DeltaResource
 
 
@@ -87,4 +91,35 @@ def build_table_checks(table: CapturedTable) -> list[AssetChecksDefinition]:
         return AssetCheckResult(passed=not missing, severity=AssetCheckSeverity.WARN,
                                 metadata={"missing_columns": missing, "announced": entry.columns.fieldNames()})
 
-    return [unique_keys, no_null_keys, capture_lag, no_dead_letters, schema_matches_source]
+    checks = [unique_keys, no_null_keys, capture_lag, no_dead_letters, schema_matches_source]
+    if table.transaction_log is not None:
+        checks += _transaction_checks(table, key)
+    return checks
+
+
+def _transaction_checks(table: CapturedTable, key: AssetKey) -> list[AssetChecksDefinition]:
+    @asset_check(asset=key, name="transactions_reconciled", description=(
+        f"Every transaction's END count of events for {table.name} is matched by the events in its topic."))
+    def transactions_reconciled(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        event = context.instance.get_latest_materialization_event(key)
+        recorded = event.asset_materialization.metadata.get("transactions_incomplete") if event else None
+        incomplete = dict(recorded.value) if recorded is not None else {}
+        description = "; ".join(f"transaction {tx}: END announces {n['expected']} events for {table.name}, the "
+                                f"topic holds {n['seen']}" for tx, n in incomplete.items())
+        return AssetCheckResult(passed=not incomplete, description=description or None,
+                                metadata={"incomplete_transactions": sorted(incomplete)})
+
+    @asset_check(asset=key, name="consistent_watermark_fresh", description=(
+        f"The connector's consistent watermark is at most {table.max_watermark_lag_s:.0f}s old."))
+    def consistent_watermark_fresh(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        assert table.watermarks is not None
+        latest = latest_watermark(table.watermarks, table.connector)
+        if latest is None or latest["transaction_ts"] is None:
+            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN,
+                                    metadata={"note": "no consistent watermark recorded yet"})
+        age = (datetime.now(timezone.utc) - latest["transaction_ts"]).total_seconds()
+        return AssetCheckResult(passed=age <= table.max_watermark_lag_s, severity=AssetCheckSeverity.WARN,
+                                metadata={"transaction_id": latest["transaction_id"], "age_s": round(age, 3),
+                                          "versions": json.loads(latest["versions"])})
+
+    return [transactions_reconciled, consistent_watermark_fresh]

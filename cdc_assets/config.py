@@ -106,6 +106,9 @@ class TableConfig(_Model):
     owners: list[str] = Field(default_factory=list, description="Dagster asset owners (emails or team:name)")
     tags: dict[str, str] = Field(default_factory=dict, description="Dagster asset tags")
     max_capture_lag_s: float | None = Field(default=None, gt=0, description="capture-lag check bound")
+    consistency: Literal["event", "transaction"] | None = Field(
+        default=None, description="transaction: apply only whole transactions (default when the connector has "
+                                  "transaction metadata on)")
 
     @field_validator("name")
     @classmethod
@@ -162,6 +165,9 @@ class ConnectorConfig(_Model):
     include: list[str] = Field(default_factory=list, description="regexes over '<schema>.<table>'")
     signal: SignalConfig | None = None
     snapshot_schedules: list[SnapshotScheduleConfig] = Field(default_factory=list)
+    transaction_metadata: bool = Field(default=False, description="provide.transaction.metadata is on")
+    transaction_topic: str | None = Field(default=None, description="default '<topic.prefix>.transaction'")
+    max_watermark_lag_s: float = Field(default=3600.0, gt=0, description="bound of the watermark check")
     owners: list[str] = Field(default_factory=list, description="default owners of the connector's tables")
     tags: dict[str, str] = Field(default_factory=dict, description="default tags of the connector's tables")
 

@@ -9,6 +9,7 @@ from cdc_assets.assets import build_cdc_asset
 from cdc_assets.catalog import resolve_tables
 from cdc_assets.checks import build_table_checks
 from cdc_assets.config import PipelineConfig, load_config
+from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.registry import read_registry
 from cdc_assets.resources import build_resources, kafka_client_settings, registry_path
@@ -20,7 +21,7 @@ from jobs import (
     incremental_snapshot_job,
     stop_snapshot_job,
 )
-from sensors import make_schema_change_sensor, make_snapshot_backfill_sensor
+from sensors import make_schema_change_sensor, make_snapshot_backfill_sensor, make_transaction_sensor
 
 
 def build_definitions(config: PipelineConfig) -> Definitions:
@@ -36,11 +37,19 @@ def build_definitions(config: PipelineConfig) -> Definitions:
     tables = resolve_tables(config, list_topics=list_topics, registry=registry)
     signalled = {connector.name for connector in config.connectors if connector.signal is not None}
     sensors = [make_schema_change_sensor(config, tables, apply_schema_change_job)]
+    transactional: dict[str, dict[str, DeltaTarget]] = {}
+    for table in tables:
+        if table.transaction_log is not None and not table.retired:
+            transactional.setdefault(table.connector, {})[table.name] = table.target
+    for connector in config.connectors:
+        if connector.name in transactional:
+            sensors.append(make_transaction_sensor(connector, [t for t in tables if t.connector == connector.name],
+                                                   kafka_client_settings(config.kafka), cdc_merge_job))
     if signalled:
         live = [t for t in tables if t.connector in signalled and not t.retired]
         sensors.append(make_snapshot_backfill_sensor(live, incremental_snapshot_job, cdc_merge_job))
     return Definitions(
-        assets=[build_cdc_asset(table, config.batch) for table in tables],
+        assets=[build_cdc_asset(table, config.batch, transactional.get(table.connector)) for table in tables],
         asset_checks=[check for table in tables for check in build_table_checks(table)],
         jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job, apply_schema_change_job],
         schedules=[*build_merge_schedules(config), *build_snapshot_schedules(config)],

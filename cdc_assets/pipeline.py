@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
@@ -26,7 +26,7 @@ from cdc_assets.core import (
     fold_events,
     split_folded,
 )
-from cdc_assets.core.envelope import ERROR_COLUMN
+from cdc_assets.core.envelope import ERROR_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, TRANSACTION_COLUMN
 from cdc_assets.core.fold import BadEvent
 from cdc_assets.core.history import history_versions
 from cdc_assets.core.layout import (
@@ -39,9 +39,11 @@ from cdc_assets.core.layout import (
     LayoutError,
 )
 from cdc_assets.core.mongodb import ORPHAN_COLUMN, ORPHAN_REASON, fold_documents
+from cdc_assets.core.transactions import cut_batch
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
-from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome
+from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
 from cdc_assets.io.kafka_source import KafkaSource, RawBatch
+from cdc_assets.io.transactions import ingest_transactions, table_horizon
 
 _SAMPLE = 100
 
@@ -58,6 +60,10 @@ class BadEventError(RuntimeError):
             "the dead-letter table")
 
 
+class BatchTooSmallError(RuntimeError):
+    """A transaction has more events for a table than one batch may hold."""
+
+
 @dataclass(frozen=True)
 class BatchReport:
     """What one micro-batch read, applied and committed."""
@@ -70,6 +76,7 @@ class BatchReport:
     outcome: MergeOutcome | None
     timings: dict[str, float] = field(default_factory=dict)
     dead_lettered: int = 0
+    transactions: dict[str, object] | None = None
 
     @property
     def events_read(self) -> int:
@@ -144,6 +151,54 @@ def _fold_documents(spark: SparkSession, writer: DeltaWriter, table: CapturedTab
     return rows, summary
 
 
+def _before(cut: dict[int, int], partition: Column, offset: Column) -> Column:
+    """Events before the cut offsets (Spark)."""
+    condition = F.lit(False)
+    for p, end in cut.items():
+        condition = condition | ((partition == p) & (offset < end))
+    return condition
+
+
+def _before_arrow(cut: dict[int, int], events: pa.Table) -> pa.ChunkedArray:
+    """Events before the cut offsets (Arrow)."""
+    mask = pc.equal(events["partition"], -1)
+    for p, end in cut.items():
+        mask = pc.or_(mask, pc.and_(pc.equal(events["partition"], p), pc.less(events["offset"], end)))
+    return mask
+
+
+def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch, progress: TableProgress | None,
+                        decoded: DataFrame) -> tuple[dict[int, int] | None, dict[str, object]]:
+    """Cut the batch to whole transactions of the table (``core.transactions``): the cut offsets
+    (None when no event can be applied yet) and the commit's transaction metadata."""
+    log = table.transaction_log
+    assert log is not None
+    ingest_transactions(source, log)
+    stats = (decoded.where(F.col(TRANSACTION_COLUMN).isNotNull() & F.col(ERROR_COLUMN).isNull())
+             .groupBy(TRANSACTION_COLUMN, PARTITION_COLUMN)
+             .agg(F.count(F.lit(1)).alias("events"), F.min(OFFSET_COLUMN).alias("first")).collect())
+    seen: dict[str, tuple[int, dict[int, int]]] = {}
+    for row in stats:
+        count, firsts = seen.get(row[TRANSACTION_COLUMN], (0, {}))
+        seen[row[TRANSACTION_COLUMN]] = (count + row["events"], {**firsts, row[PARTITION_COLUMN]: row["first"]})
+    ends = log.ends(seen)
+    cut = cut_batch(table.name, raw.start_offsets, raw.end_offsets, seen,
+                    {tx: collections for tx, (_, collections) in ends.items()})
+    previous = int((progress.transactions or {}).get("applied_end", -1)) if progress else -1
+    applied_end = max([previous, *(ends[tx][0] for tx in cut.applied)])
+    caught_up = raw.caught_up
+    applicable = cut.end_offsets if cut.end_offsets != raw.start_offsets else None
+    return applicable, {
+        "applied_end": applied_end,
+        "horizon": table_horizon(log, table.name, applied_end),
+        "applied": len(cut.applied),
+        "waiting": {tx: {"seen": n, "expected": e} for tx, (n, e) in sorted(cut.waiting.items())[:20]},
+        # a transaction whose END announces more events than the whole topic holds for this table
+        "incomplete": {tx: {"seen": n, "expected": e} for tx, (n, e) in sorted(cut.waiting.items())
+                       if e is not None and caught_up},
+    }
+
+
 def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
                       limits: BatchLimits) -> BatchReport:
     """Read one bounded batch of ``table``'s topic from its committed offsets and apply it to Delta.
@@ -194,6 +249,22 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     timings["to_spark_s"] = time.perf_counter() - mark
     mark = time.perf_counter()
     decoded = decode_change_events(events_df, layout)
+    transactions: dict[str, object] | None = None
+    if table.transaction_log is not None:
+        cut_offsets, transactions = _whole_transactions(source, table, raw, progress, decoded)
+        if cut_offsets is None and not raw.caught_up:
+            raise BatchTooSmallError(
+                f"table '{table.name}' (topic {table.topic}): the first waiting transaction(s) "
+                f"{transactions['waiting']} do not fit in a batch of {limits.max_records} records / "
+                f"{limits.max_bytes} bytes; raise the batch limits (max_records_per_batch in the run config)")
+        if cut_offsets is None:  # nothing whole yet: commit nothing, report what waits
+            return BatchReport(table, writer.name, replace(raw, end_offsets=dict(raw.start_offsets)), tombstones,
+                               None, None, timings, transactions=transactions)
+        if cut_offsets != raw.end_offsets:
+            decoded = decoded.where(_before(cut_offsets, F.col(PARTITION_COLUMN), F.col(OFFSET_COLUMN)))
+            events = events.filter(_before_arrow(cut_offsets, events))
+            raw = replace(raw, end_offsets=cut_offsets)
+        commit = replace(commit, version=sum(cut_offsets.values()), offsets=cut_offsets, transactions=transactions)
     if table.kind == "mongodb" and table.apply_mode == "scd2":
         raise LayoutError(f"table '{table.name}': apply_mode scd2 is not supported for MongoDB collections")
     reread = table.apply_mode == "scd2" or table.kind == "mongodb"
@@ -228,4 +299,4 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     source.commit_group_offsets(table.topic, raw.end_offsets)
     timings["commit_group_offsets_s"] = time.perf_counter() - mark
     timings["total_s"] = time.perf_counter() - started
-    return BatchReport(table, writer.name, raw, tombstones, summary, outcome, timings, dead_lettered)
+    return BatchReport(table, writer.name, raw, tombstones, summary, outcome, timings, dead_lettered, transactions)

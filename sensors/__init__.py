@@ -2,5 +2,6 @@
 
 from sensors.backfill import make_snapshot_backfill_sensor
 from sensors.schema_changes import make_schema_change_sensor
+from sensors.transactions import make_transaction_sensor
 
-__all__ = ["make_schema_change_sensor", "make_snapshot_backfill_sensor"]
+__all__ = ["make_schema_change_sensor", "make_snapshot_backfill_sensor", "make_transaction_sensor"]

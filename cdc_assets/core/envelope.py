@@ -31,6 +31,7 @@ OFFSET_COLUMN = "_kafka_offset"
 ERROR_COLUMN = "_cdc_error"
 SNAPSHOT_COLUMN = "_cdc_snapshot"
 PATCH_COLUMN = "_cdc_patch"  # MongoDB only
+TRANSACTION_COLUMN = "_cdc_transaction_id"
 KNOWN_OPS = ("c", "u", "d", "r")
 
 SOURCE_TYPE = T.StructType(
@@ -162,5 +163,6 @@ def decode_change_events(raw: DataFrame, layout: ChangeEventLayout) -> DataFrame
         event_position(source, layout.kind, F.col(PARTITION_COLUMN), F.col(OFFSET_COLUMN)).alias(POSITION_COLUMN),
         F.timestamp_millis(source["ts_ms"].try_cast("long")).alias(SOURCE_TS_COLUMN),
         F.lower(source["snapshot"]).alias(SNAPSHOT_COLUMN),
+        env["transaction"]["id"].alias(TRANSACTION_COLUMN),
         error.alias(ERROR_COLUMN),
     )

@@ -73,11 +73,14 @@ class CommitRequest:
     topic: str
     offsets: Mapping[int, int]
     key_columns: tuple[str, ...] = ()
+    transactions: Mapping[str, object] | None = None  # transaction-consistent tables: see io.transactions
 
     def user_metadata(self) -> str:
-        payload = {"app_id": self.app_id, "version": self.version, "topic": self.topic,
-                   "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
-                   "key_columns": list(self.key_columns)}
+        payload: dict[str, object] = {"app_id": self.app_id, "version": self.version, "topic": self.topic,
+                                      "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
+                                      "key_columns": list(self.key_columns)}
+        if self.transactions is not None:
+            payload["transactions"] = dict(self.transactions)
         return json.dumps({METADATA_KEY: payload}, sort_keys=True)
 
 
@@ -89,6 +92,7 @@ class TableProgress:
     txn_version: int
     delta_version: int
     key_columns: tuple[str, ...] = ()
+    transactions: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,7 @@ def _progress_from_history(history: Sequence[Mapping[str, object]], app_id: str)
                 txn_version=int(recorded["version"]),
                 delta_version=int(str(entry["version"])),
                 key_columns=tuple(recorded.get("key_columns") or ()),
+                transactions=recorded.get("transactions"),
             )
     return None
 

@@ -1,0 +1,101 @@
+"""Debezium transaction metadata: BEGIN/END events of ``<topic.prefix>.transaction``, parsed
+defensively, and the rule that decides which of a batch's transactions may be applied.
+
+A transaction may be applied to a table once its END is known and every one of its events for that
+table (END's per-collection ``event_count``) is in the batch. The batch is cut, per partition, before
+the first event of any other transaction, so events of incomplete transactions wait for a later batch
+and no offset is committed past them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+class TransactionEventError(ValueError):
+    """A transaction-metadata event cannot be read."""
+
+
+@dataclass(frozen=True)
+class TransactionEvent:
+    """One BEGIN or END."""
+
+    status: str
+    id: str
+    event_count: int | None
+    collections: dict[str, int]  # data collection -> events (END only)
+    ts_ms: int | None
+
+
+def parse_transaction_event(value: bytes | None) -> TransactionEvent:
+    """Parse one transaction-topic value (with or without the schema/payload wrapper)."""
+    if value is None:
+        raise TransactionEventError("transaction record has no value")
+    try:
+        body = json.loads(value)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TransactionEventError(f"value is not valid JSON ({exc})") from exc
+    payload = body.get("payload", body) if isinstance(body, dict) and "payload" in body else body
+    if not isinstance(payload, dict):
+        raise TransactionEventError("value is not a JSON object")
+    status, tx_id = payload.get("status"), payload.get("id")
+    if status not in ("BEGIN", "END"):
+        raise TransactionEventError(f"unknown transaction status {status!r} (expected BEGIN or END)")
+    if not isinstance(tx_id, str) or not tx_id:
+        raise TransactionEventError("transaction event has no id")
+    collections: dict[str, int] = {}
+    if status == "END":
+        entries = payload.get("data_collections")
+        if not isinstance(entries, list):
+            raise TransactionEventError(f"END of {tx_id}: data_collections is not a list")
+        for entry in entries:
+            try:
+                collections[str(entry["data_collection"])] = int(entry["event_count"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise TransactionEventError(f"END of {tx_id}: malformed data_collections entry {entry!r}") from exc
+    count = payload.get("event_count")
+    return TransactionEvent(status, tx_id, int(count) if count is not None else None, collections,
+                            payload.get("ts_ms"))
+
+
+def collection_count(collections: Mapping[str, int], table: str) -> int | None:
+    """Events an END announces for ``table`` (``schema.table``); data collections may carry a
+    database prefix (``db.schema.table``). None: the transaction does not touch the table."""
+    for name, count in collections.items():
+        if name == table or name.endswith("." + table):
+            return count
+    return None
+
+
+@dataclass(frozen=True)
+class TransactionCut:
+    """Where a batch must end so that it holds only whole transactions of the table."""
+
+    end_offsets: dict[int, int]
+    applied: tuple[str, ...]  # transaction ids applied whole by the cut batch
+    waiting: dict[str, tuple[int, int | None]]  # incomplete: id -> (events seen, events announced)
+
+
+def cut_batch(table: str, start: Mapping[int, int], end: Mapping[int, int],
+              seen: Mapping[str, tuple[int, Mapping[int, int]]], ends: Mapping[str, Mapping[str, int]]
+              ) -> TransactionCut:
+    """The batch end per partition: before the first event of any transaction that is not whole.
+
+    ``seen``: per transaction id in the batch, (events of this table, first offset per partition).
+    ``ends``: per known END, its data collections.
+    """
+    cut = dict(end)
+    waiting: dict[str, tuple[int, int | None]] = {}
+    for tx_id, (count, first_offsets) in seen.items():
+        expected = collection_count(ends[tx_id], table) if tx_id in ends else None
+        if expected is None or count < expected:
+            waiting[tx_id] = (count, expected)
+            for partition, offset in first_offsets.items():
+                cut[partition] = min(cut[partition], offset)
+    applied = tuple(sorted(tx for tx, (_, firsts) in seen.items()
+                           if tx not in waiting and all(o < cut[p] for p, o in firsts.items())))
+    for partition in cut:
+        cut[partition] = max(cut[partition], start.get(partition, 0))
+    return TransactionCut(cut, applied, waiting)

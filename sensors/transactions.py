@@ -1,0 +1,85 @@
+"""The transaction sensor of a connector: follows ``<topic.prefix>.transaction`` from BEGIN to END
+and, when transactions complete, requests one merge run for exactly the tables they touched.
+
+Many small transactions completed since the last tick make one run; its run key is
+``transactions:<topic>:<partition>:<first END offset>-<last END offset>``, so a re-evaluated tick
+launches nothing twice. The cursor holds the next offset per partition and the ids of transactions
+begun but not ended. An END without a BEGIN, an unknown status or malformed data collections stop
+the cursor before the event; the tick fails naming its offset (or logs it, when it also requested a
+run for transactions completed before it).
+"""
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dagster import AssetKey, RunRequest, SensorDefinition, SensorEvaluationContext, SensorResult, sensor
+
+from cdc_assets.assets import dagster_name
+from cdc_assets.catalog import CapturedTable
+from cdc_assets.config import ConnectorConfig
+from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event
+from cdc_assets.io.kafka_source import KafkaSource, SourceError
+from cdc_assets.io.transactions import TransactionLogError, touched_tables
+
+MAX_EVENTS_PER_TICK = 10_000
+
+
+def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[CapturedTable],
+                            kafka_settings: Mapping[str, Any], merge_job: Any,
+                            minimum_interval_seconds: int = 15) -> SensorDefinition:
+    """The transaction sensor of ``connector``, requesting ``merge_job`` runs for touched tables."""
+    topic = connector.transaction_topic or f"{connector.topic_prefix}.transaction"
+    keys = {table.name: AssetKey([dagster_name(part) for part in table.asset_key_path])
+            for table in tables if not table.retired}
+
+    @sensor(name=f"{dagster_name(connector.name)}_transaction_sensor", job=merge_job,
+            minimum_interval_seconds=minimum_interval_seconds,
+            description=f"Merge runs for the tables touched by completed transactions of {connector.name}")
+    def transaction_sensor(context: SensorEvaluationContext) -> SensorResult:
+        cursor = json.loads(context.cursor) if context.cursor else {"offsets": {}, "open": []}
+        offsets = {int(p): o for p, o in cursor["offsets"].items()}
+        open_ids = set(cursor["open"])
+        source = KafkaSource(dict(kafka_settings))
+        try:
+            batch = source.read_batch(topic, offsets, MAX_EVENTS_PER_TICK, 64 * 1024 * 1024, 10)
+        except SourceError as exc:
+            if "does not exist" in str(exc):
+                return SensorResult(run_requests=[], cursor=context.cursor)
+            raise
+        finally:
+            source.close()
+        next_offsets = dict(batch.end_offsets)
+        completed: list[tuple[int, int, dict[str, int]]] = []
+        problem = None
+        for record in sorted(batch.records.to_pylist(), key=lambda r: (r["partition"], r["offset"])):
+            where = f"{topic} partition {record['partition']} offset {record['offset']}"
+            try:
+                event = parse_transaction_event(record["value"])
+                if event.status == "END" and event.id not in open_ids:
+                    raise TransactionEventError(f"END of transaction {event.id} without a BEGIN before it")
+            except TransactionEventError as exc:
+                problem = f"{where}: {exc}"
+                next_offsets[record["partition"]] = record["offset"]
+                break
+            if event.status == "BEGIN":
+                open_ids.add(event.id)
+            else:
+                open_ids.discard(event.id)
+                completed.append((record["partition"], record["offset"], event.collections))
+        if problem and not completed:
+            raise TransactionLogError(f"malformed transaction event, cursor kept before it: {problem}")
+        if problem:
+            context.log.error(f"malformed transaction event, cursor kept before it: {problem}")
+        requests = []
+        touched = touched_tables([collections for _, _, collections in completed], keys)
+        if touched:
+            first, last = completed[0], completed[-1]
+            requests.append(RunRequest(
+                run_key=f"transactions:{topic}:{first[0]}:{first[1]}-{last[1]}",
+                asset_selection=[keys[name] for name in sorted(touched)],
+                tags={"cdc_assets/transactions": str(len(completed))}))
+        new_cursor = {"offsets": {str(p): o for p, o in next_offsets.items()}, "open": sorted(open_ids)}
+        return SensorResult(run_requests=requests, cursor=json.dumps(new_cursor, sort_keys=True))
+
+    return transaction_sensor

@@ -1,0 +1,213 @@
+"""Transaction-consistent merges, the transaction log, the watermark and the transaction sensor."""
+
+import json
+from dataclasses import replace
+
+import pytest
+from dagster import DagsterInstance, build_sensor_context
+from deltalake import DeltaTable
+
+from cdc_assets.catalog import CapturedTable
+from cdc_assets.config import parse_config
+from cdc_assets.definitions import build_definitions
+from cdc_assets.demo.events import encode_key, envelope, postgres_source
+from cdc_assets.io.delta import DeltaTarget
+from cdc_assets.io.transactions import (
+    TransactionLog,
+    TransactionLogError,
+    consistent_versions,
+    ingest_transactions,
+    update_watermark,
+)
+from tests.conftest import new_topic, produce, read_rows, run_batch
+
+
+def tx_event(status, tx_id, collections=None):
+    body = {"status": status, "id": tx_id, "ts_ms": 1_700_000_000_000, "event_count": None,
+            "data_collections": None}
+    if status == "END":
+        body["event_count"] = sum(collections.values())
+        body["data_collections"] = [{"data_collection": c, "event_count": n} for c, n in collections.items()]
+    return encode_key({"id": tx_id}), json.dumps(body).encode()
+
+
+def change(table, key, value, lsn, tx_id=None, order=1):
+    transaction = {"id": tx_id, "total_order": order, "data_collection_order": order} if tx_id else None
+    source = postgres_source(lsn, 1_700_000_000_000 + lsn, "s", table)
+    return encode_key({"id": key}), envelope("c", None, {"id": key, "v": value}, source, lsn, transaction)
+
+
+class Connector:
+    """Two tables of one connector with transaction metadata, on fresh topics."""
+
+    def __init__(self, broker, tmp_path):
+        self.prefix = new_topic(broker, "txdb").replace(".", "_")
+        self.tx_topic = new_topic_named(broker, f"{self.prefix}.transaction")
+        self.topics = {name: new_topic_named(broker, f"{self.prefix}.s.{name}") for name in ("a", "b")}
+        log = TransactionLog(self.tx_topic, DeltaTarget(str(tmp_path / "_cdc_assets" / "transactions")))
+        self.watermarks = DeltaTarget(str(tmp_path / "_cdc_assets" / "watermarks"))
+        self.tables = {name: CapturedTable("txdb", "postgresql", self.prefix, f"s.{name}", topic,
+                                           DeltaTarget(str(tmp_path / name)), transaction_log=log,
+                                           watermarks=self.watermarks)
+                       for name, topic in self.topics.items()}
+        self.log = log
+
+    def watermark(self):
+        return update_watermark("txdb", self.log, {t.name: t.target for t in self.tables.values()}, self.watermarks)
+
+
+def new_topic_named(broker, topic, partitions=1):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result()
+    return topic
+
+
+def ids(spark, writer, table):
+    if not DeltaTable.is_deltatable(table.target.path):
+        return []
+    return sorted(key[0] for key in read_rows(spark, writer, table))
+
+
+def test_a_transaction_over_two_tables_appears_in_both_only_after_its_end(spark, broker, writer, tmp_path):
+    c = Connector(broker, tmp_path)
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "tx1")])
+    produce(broker, c.topics["a"], [change("a", 1, "x", 10), change("a", 2, "x", 11, "tx2")])  # 1: no tx
+    produce(broker, c.topics["a"], [change("a", 3, "t1", 12, "tx1")])
+    produce(broker, c.topics["b"], [change("b", 7, "t1", 13, "tx1")])
+
+    first = run_batch(spark, broker, writer, c.tables["a"])
+    # Neither tx1 nor tx2 has an END yet: the batch stops before tx2; event 1 (no transaction) is applied.
+    assert ids(spark, writer, c.tables["a"]) == [1]
+    assert first.transactions["waiting"] == {"tx1": {"seen": 1, "expected": None},
+                                             "tx2": {"seen": 1, "expected": None}}
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "tx2"), tx_event("END", "tx2", {"s.a": 1})])
+    run_batch(spark, broker, writer, c.tables["a"])
+    assert ids(spark, writer, c.tables["a"]) == [1, 2]  # tx1 still open: 3 waits
+    assert run_batch(spark, broker, writer, c.tables["b"]).outcome is None
+    assert not DeltaTable.is_deltatable(c.tables["b"].target.path)
+
+    produce(broker, c.tx_topic, [tx_event("END", "tx1", {"s.a": 1, "s.b": 1})])
+    run_batch(spark, broker, writer, c.tables["a"])
+    assert ids(spark, writer, c.tables["a"]) == [1, 2, 3]
+    assert ids(spark, writer, c.tables["b"]) == []  # b has not run since the END: still without tx1
+    run_batch(spark, broker, writer, c.tables["b"])
+    assert ids(spark, writer, c.tables["b"]) == [7]
+    watermark = c.watermark()
+    assert watermark["transaction_id"] == "tx1"
+    tx_id, versions = consistent_versions(c.watermarks, "txdb")
+    assert tx_id == "tx1" and versions == {"s.a": DeltaTable(c.tables["a"].target.path).version(),
+                                           "s.b": DeltaTable(c.tables["b"].target.path).version()}
+
+
+def test_a_transaction_split_across_batches_is_applied_whole(spark, broker, writer, tmp_path):
+    c = Connector(broker, tmp_path)
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "big")])
+    produce(broker, c.topics["a"], [change("a", k, "big", 20 + k, "big", k) for k in range(3)])
+    assert run_batch(spark, broker, writer, c.tables["a"]).outcome is None  # END not seen: nothing
+    produce(broker, c.topics["a"], [change("a", k, "big", 20 + k, "big", k) for k in range(3, 5)])
+    produce(broker, c.tx_topic, [tx_event("END", "big", {"s.a": 5})])
+    report = run_batch(spark, broker, writer, c.tables["a"])
+    assert report.transactions["applied"] == 1 and ids(spark, writer, c.tables["a"]) == [0, 1, 2, 3, 4]
+
+
+def test_reconciliation_check_names_a_transaction_missing_events(spark, broker, tmp_path):
+    config = f"""\
+kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
+delta: {{root: "{tmp_path}", writer: delta-rs}}
+connectors:
+  - name: txdb
+    kind: postgresql
+    topic.prefix: PREFIX
+    transaction_metadata: true
+    tables: [{{name: s.a}}, {{name: s.b}}]
+"""
+    prefix = new_topic(broker, "recon").replace(".", "_")
+    tx_topic = new_topic_named(broker, f"{prefix}.transaction")
+    topics = {n: new_topic_named(broker, f"{prefix}.s.{n}") for n in ("a", "b")}
+    produce(broker, tx_topic, [tx_event("BEGIN", "short"), tx_event("END", "short", {"s.a": 3})])
+    produce(broker, topics["a"], [change("a", k, "v", 30 + k, "short", k) for k in range(2)])
+    defs = build_definitions(parse_config(config.replace("PREFIX", prefix)))
+    with DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
+        evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
+    failed = evaluations[("a", "transactions_reconciled")]
+    assert not failed.passed and failed.metadata["incomplete_transactions"].value == ["short"]
+    assert "transaction short: END announces 3 events for s.a, the topic holds 2" in failed.description
+    assert evaluations[("b", "transactions_reconciled")].passed
+
+
+def test_sensor_batches_transactions_into_one_run_and_never_twice(broker, tmp_path):
+    prefix = new_topic(broker, "sens").replace(".", "_")
+    tx_topic = new_topic_named(broker, f"{prefix}.transaction")
+    events = []
+    for n in range(20):
+        events += [tx_event("BEGIN", f"t{n}"), tx_event("END", f"t{n}", {"s.a" if n % 2 else "s.b": 1})]
+    events.append(tx_event("BEGIN", "open"))
+    produce(broker, tx_topic, events)
+    config = f"""\
+kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
+delta: {{root: "{tmp_path}"}}
+connectors:
+  - name: txdb
+    kind: postgresql
+    topic.prefix: {prefix}
+    transaction_metadata: true
+    tables: [{{name: s.a}}, {{name: s.b}}, {{name: s.c}}]
+"""
+    defs = build_definitions(parse_config(config))
+    sensor = defs.resolve_sensor_def("txdb_transaction_sensor")
+    with DagsterInstance.ephemeral() as instance:
+        first = sensor.evaluate_tick(build_sensor_context(instance=instance, definitions=defs))
+        [request] = first.run_requests
+        assert request.run_key == f"transactions:{tx_topic}:0:1-39"
+        assert sorted(k.path[-1] for k in request.asset_selection) == ["a", "b"]
+        assert json.loads(first.cursor) == {"offsets": {"0": 41}, "open": ["open"]}
+        again = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
+        assert again.run_requests == []
+        produce(broker, tx_topic, [tx_event("END", "open", {"s.c": 2}), tx_event("END", "ghost", {"s.a": 1})])
+        third = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
+        assert [k.path[-1] for k in third.run_requests[0].asset_selection] == ["c"]
+        assert json.loads(third.cursor)["offsets"] == {"0": 42}  # stopped before the END without BEGIN
+        with pytest.raises(Exception, match=rf"{tx_topic} partition 0 offset 42: END of transaction ghost "
+                                            "without a BEGIN"):
+            sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=third.cursor, definitions=defs))
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (json.dumps({"status": "COMMIT", "id": "x"}).encode(), "unknown transaction status 'COMMIT'"),
+    (json.dumps({"status": "END", "id": "x", "data_collections": "s.a"}).encode(), "data_collections is not a list"),
+    (json.dumps({"status": "END", "id": "x", "data_collections": [{"event_count": 1}]}).encode(),
+     "malformed data_collections entry"),
+])
+def test_bad_transaction_events_name_their_offset(broker, tmp_path, value, message):
+    from cdc_assets.io.kafka_source import KafkaSource
+
+    topic = new_topic(broker, "badtx.transaction")
+    produce(broker, topic, [tx_event("BEGIN", "x"), (b"{}", value)])
+    log = TransactionLog(topic, DeltaTarget(str(tmp_path / "log")))
+    source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "tx-tests"})
+    try:
+        with pytest.raises(TransactionLogError, match=rf"{topic} partition 0 offset 1: .*{message}"):
+            ingest_transactions(source, log)
+    finally:
+        source.close()
+
+
+def test_events_without_transactions_flow_as_before(spark, broker, writer, tmp_path):
+    c = Connector(broker, tmp_path)
+    produce(broker, c.topics["a"], [change("a", k, "snap", 5 + k) for k in range(3)])
+    report = run_batch(spark, broker, writer, replace(c.tables["a"]))
+    assert report.outcome.inserted == 3 and report.transactions["waiting"] == {}
+
+
+def test_a_transaction_larger_than_a_batch_is_a_clear_error(spark, broker, writer, tmp_path):
+    from cdc_assets.pipeline import BatchTooSmallError
+
+    c = Connector(broker, tmp_path)
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "huge"), tx_event("END", "huge", {"s.a": 6})])
+    produce(broker, c.topics["a"], [change("a", k, "h", 40 + k, "huge", k) for k in range(6)])
+    with pytest.raises(BatchTooSmallError, match="do not fit in a batch of 4 records"):
+        run_batch(spark, broker, writer, c.tables["a"], max_records=4)
+    assert run_batch(spark, broker, writer, c.tables["a"], max_records=10).transactions["applied"] == 1
