@@ -14,22 +14,20 @@ no parsing) as a reference, and peak RSS of the whole process tree (Python + JVM
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import random
 import tempfile
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
 
-import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from benchmarks.measure import PeakRss
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
 from cdc_assets.demo.broker import LocalBroker
@@ -39,39 +37,6 @@ from cdc_assets.io.spark import spark_config
 from cdc_assets.pipeline import merge_micro_batch
 
 TOPIC = "bench.public.accounts"
-
-
-class PeakRss:
-    """Samples the RSS of this process and all its children (the JVM) in a thread; the local broker
-    (the test harness, not the project) is left out."""
-
-    def __init__(self, exclude_pid: int, interval_s: float = 0.2):
-        self._exclude = exclude_pid
-        self.peak = 0
-        self.peak_python = 0
-        self._interval = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        me = psutil.Process()
-        while not self._stop.is_set():
-            total = python = me.memory_info().rss
-            for process in me.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    if process.pid != self._exclude and self._exclude not in {p.pid for p in process.parents()}:
-                        total += process.memory_info().rss
-            self.peak = max(self.peak, total)
-            self.peak_python = max(self.peak_python, python)
-            self._stop.wait(self._interval)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def generate(events: int, keys: int, seed: int = 7) -> tuple[list[tuple[bytes, bytes | None]], dict[int, dict]]:

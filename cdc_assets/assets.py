@@ -126,6 +126,8 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits,
                      f"`{table.topic}` merged into Delta at `{table.target.path}` (keys: {keys}; apply mode "
                      f"{table.apply_mode}; bad events: {table.on_bad_event})."),
         metadata=static_metadata,
+        # One pool per table: with a pool limit of 1 (see README), two runs never merge one table at once.
+        pool=f"cdc_table_{dagster_name(table.topic)}",
         owners=list(table.owners) or None,
         tags={**dict(table.tags), STATUS_TAG: "retired" if table.retired else "active"},
     )

@@ -52,6 +52,8 @@ class KafkaConfig(_Model):
     ssl_ca_location: str | None = None
     ssl_key_password_env: str | None = None
     settings: dict[str, str] = Field(default_factory=dict)
+    retries: int = Field(default=3, ge=0, description="retries of metadata/watermark requests, with backoff")
+    retry_backoff_s: float = Field(default=1.0, ge=0)
 
     @field_validator("settings")
     @classmethod

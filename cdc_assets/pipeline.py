@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
@@ -46,6 +47,14 @@ from cdc_assets.io.kafka_source import KafkaSource, RawBatch
 from cdc_assets.io.transactions import ingest_transactions, table_horizon
 
 _SAMPLE = 100
+
+# Fault injection: benchmarks/crash_trials.py sets this to kill the process at a named point.
+fault_hook: Callable[[str], None] | None = None
+
+
+def _checkpoint(point: str) -> None:
+    if fault_hook is not None:
+        fault_hook(point)
 
 
 class BadEventError(RuntimeError):
@@ -213,6 +222,7 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     raw = source.read_batch(table.topic, progress.offsets if progress else None, limits.max_records,
                             limits.max_bytes, limits.poll_timeout_s)
     timings.update(raw.timings)
+    _checkpoint("consumed")
     records = raw.records
     is_tombstone = pc.is_null(records["value"])
     tombstones = pc.sum(is_tombstone).as_py() or 0
@@ -292,9 +302,11 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
         write_dead_letters(table.dead_letter, dead_letter_rows(table.topic, table.name, events, bad))
         dead_lettered = len(bad)
         timings["dead_letter_s"] = time.perf_counter() - mark
+    _checkpoint("folded")
     mark = time.perf_counter()
     outcome = writer.merge(table.target, rows, layout.key_columns, commit, table.apply_mode)
     timings["merge_commit_s"] = time.perf_counter() - mark
+    _checkpoint("committed")
     mark = time.perf_counter()
     source.commit_group_offsets(table.topic, raw.end_offsets)
     timings["commit_group_offsets_s"] = time.perf_counter() - mark

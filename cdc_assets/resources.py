@@ -30,6 +30,8 @@ class KafkaResource(ConfigurableResource):
     ssl_ca_location: str | None = None
     ssl_key_password: str | None = None
     settings: dict[str, str] = {}
+    retries: int = 3
+    retry_backoff_s: float = 1.0
 
     _source: KafkaSource | None = PrivateAttr(default=None)
 
@@ -47,7 +49,7 @@ class KafkaResource(ConfigurableResource):
     def source(self) -> KafkaSource:
         """The run's Kafka source (one consumer, reused by every table of the run)."""
         if self._source is None:
-            self._source = KafkaSource(self.client_settings())
+            self._source = KafkaSource(self.client_settings(), self.retries, self.retry_backoff_s)
         return self._source
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
@@ -149,6 +151,8 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
             ssl_ca_location=kafka.ssl_ca_location,
             ssl_key_password=secret(kafka.ssl_key_password_env),
             settings=dict(kafka.settings),
+            retries=kafka.retries,
+            retry_backoff_s=kafka.retry_backoff_s,
         ),
         "delta": DeltaResource(writer=config.delta.writer, registry_path=registry_path(config),
                                storage_options=dict(config.delta.storage_options)),

@@ -33,7 +33,7 @@ def make_schema_change_sensor(config: PipelineConfig, tables: Sequence[CapturedT
         cursor: dict[str, dict[str, int]] = json.loads(context.cursor) if context.cursor else {}
         requests: list[RunRequest] = []
         problems: list[str] = []
-        source = KafkaSource(kafka_client_settings(config.kafka))
+        source = KafkaSource(kafka_client_settings(config.kafka), retries=0)
         try:
             for connector in config.connectors:
                 topic = connector.topic_prefix

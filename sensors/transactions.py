@@ -40,7 +40,7 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
         cursor = json.loads(context.cursor) if context.cursor else {"offsets": {}, "open": []}
         offsets = {int(p): o for p, o in cursor["offsets"].items()}
         open_ids = set(cursor["open"])
-        source = KafkaSource(dict(kafka_settings))
+        source = KafkaSource(dict(kafka_settings), retries=0)
         try:
             batch = source.read_batch(topic, offsets, MAX_EVENTS_PER_TICK, 64 * 1024 * 1024, 10)
         except SourceError as exc:

@@ -224,6 +224,21 @@ def table_schema_of(rows: pa.Table) -> pa.Schema:
     return pa.schema([f for f in rows.schema if not f.name.startswith(HELPER_PREFIX)])
 
 
+@contextmanager
+def _concurrent_commit_guard(target: DeltaTarget, commit: CommitRequest) -> Iterator[None]:
+    """Turn delta-rs commit conflicts into a clear error: nothing of the batch was committed."""
+    from deltalake.exceptions import CommitFailedError
+
+    try:
+        yield
+    except CommitFailedError as exc:
+        raise DeltaWriterError(
+            f"{target.path}: another commit reached the table while this batch (offsets "
+            f"{dict(commit.offsets)}) was being merged ({exc}); nothing of this batch was committed and the next "
+            "run resumes from the table's committed offsets. Use Dagster pools so one table is merged by one run "
+            "at a time") from exc
+
+
 def quote_datafusion(name: str) -> str:
     """Quote an identifier for delta-rs (DataFusion SQL)."""
     return '"' + name.replace('"', '""') + '"'
@@ -266,12 +281,28 @@ class DeltaRsWriter:
               commit: CommitRequest, mode: ApplyMode = "scd1") -> MergeOutcome:
         table = self._table(target)
         if table is None:
-            table = DeltaTable.create(target.path, schema=table_schema_of(rows),
+            # mode="ignore": a concurrent run may create the table first.
+            table = DeltaTable.create(target.path, schema=table_schema_of(rows), mode="ignore",
                                       storage_options=dict(target.storage_options))
         if self._already_applied(table, commit):
             return MergeOutcome(delta_version=table.version(), already_applied=True)
         before = table.version()
         condition, matched, not_matched = merge_plan(mode, key_columns, rows.column_names, quote_datafusion)
+        with _concurrent_commit_guard(target, commit):
+            metrics = self._merge(table, rows, condition, matched, not_matched, mode, commit)
+        table.update_incremental()
+        if table.version() == before:
+            # No row changed (a replay of applied events): delta-rs made no commit, so commit the offsets.
+            return self.commit_progress(target, commit)
+        return MergeOutcome(
+            delta_version=table.version(),
+            inserted=int(metrics.get("num_target_rows_inserted", 0)),
+            updated=int(metrics.get("num_target_rows_updated", 0)),
+            deleted=int(metrics.get("num_target_rows_deleted", 0)),
+        )
+
+    def _merge(self, table: DeltaTable, rows: pa.Table, condition: str, matched: list[Clause],
+               not_matched: list[Clause], mode: ApplyMode, commit: CommitRequest) -> Mapping[str, int]:
         merger = table.merge(rows, condition, source_alias="s", target_alias="t", merge_schema=mode != "scd2",
                              commit_properties=self._properties(commit))
         for clause in matched:
@@ -286,18 +317,7 @@ class DeltaRsWriter:
                 merger = merger.when_not_matched_insert_all(predicate=clause.predicate)
             else:
                 merger = merger.when_not_matched_insert(dict(clause.assignments), predicate=clause.predicate)
-        metrics = merger.execute()
-        table.update_incremental()
-        if table.version() == before:
-            # No row changed (a replay of applied events): delta-rs made no commit, so commit the offsets.
-            return self.commit_progress(target, commit)
-        return MergeOutcome(
-            delta_version=table.version(),
-            inserted=int(metrics.get("num_target_rows_inserted", 0)),
-            updated=int(metrics.get("num_target_rows_updated", 0)),
-            deleted=int(metrics.get("num_target_rows_deleted", 0)),
-        )
-
+        return merger.execute()
 
     def commit_progress(self, target: DeltaTarget, commit: CommitRequest) -> MergeOutcome:
         table = self._table(target)
@@ -305,8 +325,9 @@ class DeltaRsWriter:
             raise DeltaWriterError(f"{target.path}: no Delta table to commit offsets to")
         if self._already_applied(table, commit):
             return MergeOutcome(delta_version=table.version(), already_applied=True)
-        table.create_write_transaction([], mode="append", schema=table.schema(),
-                                       commit_properties=self._properties(commit))
+        with _concurrent_commit_guard(target, commit):
+            table.create_write_transaction([], mode="append", schema=table.schema(),
+                                           commit_properties=self._properties(commit))
         table.update_incremental()
         return MergeOutcome(delta_version=table.version())
 
@@ -358,8 +379,11 @@ class DeltaRsWriter:
 
     @staticmethod
     def _properties(commit: CommitRequest) -> CommitProperties:
+        # No commit retries: a concurrent commit to the table (another run of it) makes this one fail
+        # instead of being rebased on top, so the same offsets are never committed twice.
         return CommitProperties(custom_metadata={"userMetadata": commit.user_metadata()},
-                                app_transactions=[Transaction(commit.app_id, commit.version)])
+                                app_transactions=[Transaction(commit.app_id, commit.version)],
+                                max_commit_retries=0)
 
 
 class DeltaSparkWriter:

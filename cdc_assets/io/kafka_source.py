@@ -8,12 +8,14 @@ starts, or earlier at the record/byte bounds, so a run never chases a moving end
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+T = TypeVar("T")
 RAW_SCHEMA = pa.schema(
     [("partition", pa.int32()), ("offset", pa.int64()), ("key", pa.binary()), ("value", pa.binary())]
 )
@@ -54,9 +56,25 @@ class RawBatch:
 class KafkaSource:
     """Reads bounded batches of topics with one consumer (reused across tables of a run)."""
 
-    def __init__(self, settings: Mapping[str, object]):
+    def __init__(self, settings: Mapping[str, object], retries: int = 3, backoff_s: float = 1.0):
+        """``retries``: how often a failed metadata or watermark request is tried again, with
+        exponential backoff from ``backoff_s``, before the batch fails naming broker and topic."""
         self._settings = {**_CONSUMER_DEFAULTS, **settings}
         self._consumer: Consumer | None = None
+        self._retries, self._backoff_s = retries, backoff_s
+
+    def _retrying(self, action: Callable[[], T], what: str) -> T:
+        """Run ``action``, retrying Kafka errors and timeouts; then a clear ``SourceError``."""
+        attempts = self._retries + 1
+        for attempt in range(attempts):
+            try:
+                return action()
+            except (KafkaException, SourceError) as exc:
+                if attempt + 1 == attempts:
+                    raise SourceError(f"{what} on Kafka at {self.bootstrap_servers} failed after {attempts} "
+                                      f"attempt(s): {exc}") from exc
+                time.sleep(self._backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
 
     @property
     def bootstrap_servers(self) -> str:
@@ -74,17 +92,18 @@ class KafkaSource:
         except KafkaException as exc:
             raise SourceError(f"cannot list topics on Kafka at {self.bootstrap_servers}: {exc}") from exc
 
-    def partitions(self, topic: str, timeout_s: float = 10.0) -> list[int]:
+    def partitions(self, topic: str, timeout_s: float = 5.0) -> list[int]:
         """The topic's partition ids; a clear error when the topic does not exist."""
-        try:
+
+        def fetch() -> list[int]:
             metadata = self._client().list_topics(topic, timeout=timeout_s)
-        except KafkaException as exc:
-            raise SourceError(f"cannot reach Kafka at {self.bootstrap_servers} for topic '{topic}': {exc}") from exc
-        topic_metadata = metadata.topics.get(topic)
-        if topic_metadata is None or topic_metadata.error is not None or not topic_metadata.partitions:
-            reason = topic_metadata.error if topic_metadata is not None else "not in metadata"
-            raise SourceError(f"topic '{topic}' does not exist on {self.bootstrap_servers} ({reason})")
-        return sorted(topic_metadata.partitions)
+            topic_metadata = metadata.topics.get(topic)
+            if topic_metadata is None or topic_metadata.error is not None or not topic_metadata.partitions:
+                reason = topic_metadata.error if topic_metadata is not None else "not in metadata"
+                raise SourceError(f"topic '{topic}' does not exist on {self.bootstrap_servers} ({reason})")
+            return sorted(topic_metadata.partitions)
+
+        return self._retrying(fetch, f"reading metadata of topic '{topic}'")
 
     def read_batch(
         self,
@@ -105,12 +124,9 @@ class KafkaSource:
         start: dict[int, int] = {}
         high: dict[int, int] = {}
         for partition in partitions:
-            try:
-                low, high[partition] = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=poll_timeout_s)
-            except KafkaException as exc:
-                raise SourceError(f"cannot read watermarks of {topic}[{partition}] on "
-                                  f"{self.bootstrap_servers}: {exc}") from exc
+            low, high[partition] = self._retrying(
+                lambda p=partition: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=poll_timeout_s),
+                f"reading watermarks of {topic}[{partition}]")
             committed = (start_offsets or {}).get(partition)
             if committed is not None and committed < low:
                 raise SourceError(

@@ -8,7 +8,8 @@ from tests.conftest import new_topic, produce
 
 @pytest.fixture
 def source(broker):
-    kafka = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "source-tests"})
+    kafka = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "source-tests"}, retries=1,
+                        backoff_s=0.1)
     yield kafka
     kafka.close()
 
@@ -55,8 +56,9 @@ def test_tombstones_are_read_as_null_values(broker, source):
     assert batch.records["value"].to_pylist() == [b"x", None]
 
 
-def test_missing_topic_names_topic_and_broker(broker, source):
-    with pytest.raises(SourceError, match=rf"topic 'no.such.topic' does not exist on {broker.bootstrap_servers}"):
+def test_missing_topic_names_topic_and_broker_after_retries(broker, source):
+    with pytest.raises(SourceError, match=rf"failed after 2 attempt\(s\): topic 'no.such.topic' does not exist on "
+                                          rf"{broker.bootstrap_servers}"):
         source.read_batch("no.such.topic", None, 10, 10**9, 5)
 
 

@@ -1,0 +1,142 @@
+"""Soak: produce at a fixed rate while Dagster runs of ``cdc_merge_job`` keep merging, for a bounded
+time; report how long changes took to become visible in Delta (lag percentiles), the backlog, and
+peak RSS.
+
+A producer thread writes PostgreSQL change events at ``--rate`` events/s to a local broker and
+remembers when each offset was produced. The main thread plays the sensor: whenever the topic has
+events beyond the table's committed offsets, it launches a run (``execute_in_process`` on a real
+instance). An event's lag is the time from its production to the end of the run that committed it.
+
+    python -m benchmarks.soak [--rate 5000] [--seconds 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from dagster import DagsterInstance
+
+from benchmarks.measure import PeakRss
+from cdc_assets.config import parse_config
+from cdc_assets.definitions import build_definitions
+from cdc_assets.demo.broker import LocalBroker
+from cdc_assets.demo.events import encode_key, envelope, postgres_source
+
+TOPIC = "soak.public.accounts"
+
+
+class RateProducer(threading.Thread):
+    """Produces ``rate`` events/s for ``seconds``; records each offset's production time."""
+
+    def __init__(self, bootstrap: str, rate: int, seconds: float, keys: int):
+        super().__init__(daemon=True)
+        self.rate, self.seconds, self.keys = rate, seconds, keys
+        self.produced_at: dict[tuple[int, int], float] = {}
+        self.count = 0
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+
+    def run(self) -> None:
+        started = time.time()
+        tick = 0.05
+        while time.time() - started < self.seconds:
+            due = int((time.time() - started) * self.rate) - self.count
+            for _ in range(max(due, 0)):
+                now = time.time()
+                key = self.count % self.keys
+                value = envelope("u" if self.count >= self.keys else "c", None, {"id": key, "n": self.count},
+                                 postgres_source(10_000 + self.count, int(now * 1000), "public", "accounts"),
+                                 int(now * 1000))
+
+                def delivered(error: object, message: object, at: float = now) -> None:
+                    if error is None:
+                        self.produced_at[(message.partition(), message.offset())] = at  # type: ignore[attr-defined]
+
+                while True:
+                    try:
+                        self._producer.produce(TOPIC, key=encode_key({"id": key}), value=value, on_delivery=delivered)
+                        break
+                    except BufferError:
+                        self._producer.poll(0.05)
+                self.count += 1
+            self._producer.poll(0)
+            time.sleep(tick)
+        self._producer.flush(60)
+
+
+def high_watermarks(bootstrap: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "soak-watch"})
+    partitions = consumer.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
+    highs = {p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in partitions}
+    consumer.close()
+    return highs
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rate", type=int, default=5000, help="events per second")
+    parser.add_argument("--seconds", type=float, default=600)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--max-records", type=int, default=100_000)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="cdc-soak-") as work, LocalBroker(Path(work) / "broker") as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+        admin.create_topics([NewTopic(TOPIC, num_partitions=args.partitions, replication_factor=1)])[TOPIC].result()
+        config = parse_config(f"""
+kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
+delta: {{root: "{work}/delta", writer: delta-rs}}
+batch: {{max_records: {args.max_records}}}
+connectors:
+  - {{name: soak, kind: postgresql, topic.prefix: soak, tables: [{{name: public.accounts}}]}}
+""")
+        job = build_definitions(config).resolve_job_def("cdc_merge_job")
+        producer = RateProducer(broker.bootstrap_servers, args.rate, args.seconds, args.keys)
+        lags: list[float] = []
+        runs = 0
+        committed: dict[int, int] = {}
+        with DagsterInstance.ephemeral() as instance, PeakRss(exclude_pid=broker.pid or -1) as rss:
+            producer.start()
+            deadline = time.time() + args.seconds + 120
+            while time.time() < deadline:
+                highs = high_watermarks(broker.bootstrap_servers)
+                if all(committed.get(p, 0) >= h for p, h in highs.items()):
+                    if not producer.is_alive():
+                        break
+                    time.sleep(0.5)
+                    continue
+                result = job.execute_in_process(instance=instance)
+                finished = time.time()
+                runs += 1
+                [materialization] = [e.event_specific_data.materialization
+                                     for e in result.get_asset_materialization_events()]
+                for partition, span in materialization.metadata["offsets"].value.items():
+                    for offset in range(span["from"], span["to"]):
+                        produced = producer.produced_at.get((int(partition), offset))
+                        if produced is not None:
+                            lags.append(finished - produced)
+                    committed[int(partition)] = span["to"]
+        print(json.dumps({
+            "rate_events_per_s": args.rate, "seconds": args.seconds, "events_produced": producer.count,
+            "events_applied": len(lags), "runs": runs,
+            "lag_p50_s": round(percentile(lags, 50), 2) if lags else None,
+            "lag_p95_s": round(percentile(lags, 95), 2) if lags else None,
+            "lag_max_s": round(max(lags), 2) if lags else None,
+            "peak_rss_gib": round(rss.peak / 2**30, 2),
+        }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
