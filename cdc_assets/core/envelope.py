@@ -12,6 +12,8 @@ not fit its type is reported instead of silently becoming null.
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -64,6 +66,18 @@ def patch_problem(patch: Column) -> Column:
         .when(F.exists(touched, lambda key: key.contains(".")),
               F.lit("patch changes a nested path (a.b): only top-level $set/$unset are supported"))
     )
+
+
+def json_payload(value: bytes | None) -> object:
+    """The ``payload`` of a JSON-converter record value, or the value itself when it has no wrapper
+    (for the few non-change events decoded in Python: schema changes, transaction metadata)."""
+    if value is None:
+        raise ValueError("record has no value")
+    try:
+        body = json.loads(value)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"value is not valid JSON ({exc})") from exc
+    return body.get("payload", body) if isinstance(body, dict) else body
 
 
 def _as_parsed(row_type: T.StructType) -> T.StructType:

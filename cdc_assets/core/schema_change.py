@@ -10,13 +10,14 @@ and is refused with a clear error.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import types as T
+
+from cdc_assets.core.envelope import json_payload
 
 _JDBC_TYPES: dict[int, T.DataType] = {
     -7: T.BooleanType(), 16: T.BooleanType(),
@@ -88,13 +89,10 @@ def table_name_from_id(table_id: str) -> str:
 
 def parse_schema_change(value: bytes | None) -> SchemaChangeEvent:
     """Parse one schema-change record value (with or without the schema/payload wrapper)."""
-    if value is None:
-        raise SchemaChangeError("schema-change record has no value")
     try:
-        body = json.loads(value)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise SchemaChangeError(f"value is not valid JSON ({exc})") from exc
-    payload = body.get("payload", body) if isinstance(body, dict) else None
+        payload = json_payload(value)
+    except ValueError as exc:
+        raise SchemaChangeError(str(exc)) from exc
     if not isinstance(payload, dict) or not isinstance(payload.get("tableChanges"), list):
         raise SchemaChangeError("value has no 'tableChanges' list: not a Debezium schema-change event")
     source = payload.get("source") or {}

@@ -9,9 +9,10 @@ and no offset is committed past them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from cdc_assets.core.envelope import json_payload
 
 
 class TransactionEventError(ValueError):
@@ -31,13 +32,10 @@ class TransactionEvent:
 
 def parse_transaction_event(value: bytes | None) -> TransactionEvent:
     """Parse one transaction-topic value (with or without the schema/payload wrapper)."""
-    if value is None:
-        raise TransactionEventError("transaction record has no value")
     try:
-        body = json.loads(value)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise TransactionEventError(f"value is not valid JSON ({exc})") from exc
-    payload = body.get("payload", body) if isinstance(body, dict) and "payload" in body else body
+        payload = json_payload(value)
+    except ValueError as exc:
+        raise TransactionEventError(str(exc)) from exc
     if not isinstance(payload, dict):
         raise TransactionEventError("value is not a JSON object")
     status, tx_id = payload.get("status"), payload.get("id")
