@@ -36,8 +36,12 @@ def test_broker_down_fails_clearly_moves_nothing_and_resumes_exactly(spark, writ
                              backoff_s=0.2)
         limits = BatchLimits(poll_timeout_s=5)
         merge_micro_batch(spark, source, writer, table, limits)
+        source.close()
         before = writer.read_progress(table.target, table.app_id)
         broker.stop()
+        # The next run (a new consumer, as each Dagster run has) finds the broker down.
+        source = KafkaSource({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "outage"}, retries=2,
+                             backoff_s=0.2)
         with pytest.raises(SourceError, match=rf"on Kafka at 127\.0\.0\.1:{port} failed after 3 attempt"):
             merge_micro_batch(spark, source, writer, table, limits)
         assert writer.read_progress(table.target, table.app_id) == before

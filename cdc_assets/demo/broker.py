@@ -34,6 +34,23 @@ def _binary() -> str:
     return found
 
 
+def _group_alive(group: int) -> bool:
+    """Whether any process of the process group is still running (zombies do not count)."""
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == group and fields[0] != "Z":
+                return True
+    return False
+
+
 class LocalBroker:
     """``with LocalBroker() as broker: broker.bootstrap_servers``."""
 
@@ -78,12 +95,14 @@ class LocalBroker:
         if self._process is not None and self._process.poll() is None:
             # The noida-db entry point is a wrapper that runs the real binary as its child: signal the
             # whole process group, or the broker outlives the wrapper.
-            os.killpg(self._process.pid, signal.SIGTERM)
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._process.pid, signal.SIGKILL)
-                self._process.wait(10)
+            group = self._process.pid
+            os.killpg(group, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while _group_alive(group) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if _group_alive(group):
+                os.killpg(group, signal.SIGKILL)
+            self._process.wait(10)
         self._process = None
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
