@@ -3,6 +3,7 @@ correctness for anything downstream), the capture lag is under its bound, no eve
 sits in the dead-letter table, and the Delta schema holds every column the source last announced."""
 
 import json
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import pyarrow.dataset as pds
@@ -11,8 +12,10 @@ from dagster import (
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
+    AssetCheckSpec,
     AssetKey,
     asset_check,
+    multi_asset_check,
 )
 from dagster_pyspark import LazyPySparkResource
 from deltalake import DeltaTable
@@ -35,27 +38,34 @@ def _key_report(table: CapturedTable, delta: DeltaResource, spark: LazyPySparkRe
 
 
 def build_table_checks(table: CapturedTable) -> list[AssetChecksDefinition]:
-    """The five checks of one captured table."""
+    """The checks of one captured table (the two key checks share one scan)."""
     key = AssetKey([dagster_name(part) for part in table.asset_key_path])
     name = table.name
 
-    @asset_check(asset=key, name="unique_keys", blocking=True,
-                 description=f"Each key of {name} appears once (current versions for scd2).")
-    def unique_keys(context: AssetCheckExecutionContext, delta: DeltaResource,
-                    spark: LazyPySparkResource) -> AssetCheckResult:
+    @multi_asset_check(
+        name=f"{dagster_name('_'.join(table.asset_key_path))}_key_checks",
+        specs=[
+            AssetCheckSpec("unique_keys", asset=key, blocking=True,
+                           description=f"Each key of {name} appears once (current versions for scd2)."),
+            AssetCheckSpec("no_null_keys", asset=key, blocking=True, description=f"No row of {name} has a null key."),
+        ],
+        can_subset=True,
+    )
+    def key_checks(context: AssetCheckExecutionContext, delta: DeltaResource,
+                   spark: LazyPySparkResource) -> Iterator[AssetCheckResult]:
+        # One scan of the keys serves both checks.
         report = _key_report(table, delta, spark)
-        if report is None:
-            return AssetCheckResult(passed=True, metadata={"rows": 0, "note": "no batch applied yet"})
-        return AssetCheckResult(passed=report.duplicate_keys == 0,
-                                metadata={"rows": report.rows, "duplicate_keys": report.duplicate_keys})
-
-    @asset_check(asset=key, name="no_null_keys", blocking=True, description=f"No row of {name} has a null key.")
-    def no_null_keys(context: AssetCheckExecutionContext, delta: DeltaResource,
-                     spark: LazyPySparkResource) -> AssetCheckResult:
-        report = _key_report(table, delta, spark)
-        if report is None:
-            return AssetCheckResult(passed=True, metadata={"rows": 0, "note": "no batch applied yet"})
-        return AssetCheckResult(passed=report.null_keys == 0, metadata={"null_keys": report.null_keys})
+        selected = {check.name for check in context.selected_asset_check_keys}
+        if "unique_keys" in selected:
+            yield AssetCheckResult(
+                check_name="unique_keys", passed=report is None or report.duplicate_keys == 0,
+                metadata={"rows": 0, "note": "no batch applied yet"} if report is None else
+                {"rows": report.rows, "duplicate_keys": report.duplicate_keys})
+        if "no_null_keys" in selected:
+            yield AssetCheckResult(
+                check_name="no_null_keys", passed=report is None or report.null_keys == 0,
+                metadata={"rows": 0, "note": "no batch applied yet"} if report is None else
+                {"null_keys": report.null_keys})
 
     @asset_check(asset=key, name="capture_lag", description=(
         f"The newest change applied by the last merge of {name} is at most {table.max_capture_lag_s:.0f}s old."))
@@ -91,7 +101,7 @@ def build_table_checks(table: CapturedTable) -> list[AssetChecksDefinition]:
         return AssetCheckResult(passed=not missing, severity=AssetCheckSeverity.WARN,
                                 metadata={"missing_columns": missing, "announced": entry.columns.fieldNames()})
 
-    checks = [unique_keys, no_null_keys, capture_lag, no_dead_letters, schema_matches_source]
+    checks = [key_checks, capture_lag, no_dead_letters, schema_matches_source]
     if table.transaction_log is not None:
         checks += _transaction_checks(table, key)
     return checks

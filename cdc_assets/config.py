@@ -193,6 +193,8 @@ class ConnectorConfig(_Model):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"connector '{self.name}' lists tables more than once: {duplicates}")
+        if self.kind == "mongodb" and any(table.apply_mode == "scd2" for table in self.tables):
+            raise ValueError(f"connector '{self.name}': apply_mode scd2 is not supported for MongoDB collections")
         if self.snapshot_schedules and self.signal is None:
             raise ValueError(f"connector '{self.name}' has snapshot_schedules but no signal channel")
         return self

@@ -27,7 +27,13 @@ from cdc_assets.core import (
     fold_events,
     split_folded,
 )
-from cdc_assets.core.envelope import ERROR_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, TRANSACTION_COLUMN
+from cdc_assets.core.envelope import (
+    ERROR_COLUMN,
+    OFFSET_COLUMN,
+    PARTITION_COLUMN,
+    TRANSACTION_COLUMN,
+    explain_bad_value,
+)
 from cdc_assets.core.fold import BadEvent
 from cdc_assets.core.history import history_versions
 from cdc_assets.core.layout import (
@@ -126,19 +132,11 @@ def _sample(column: pa.ChunkedArray) -> list[bytes]:
     return present.slice(0, _SAMPLE).to_pylist() + present.slice(len(present) - _SAMPLE).to_pylist()
 
 
-def _explain(events: pa.Table, partition: int, offset: int, reason: str) -> str:
-    """Sharpen Spark's verdict on a bad event by looking at its raw bytes."""
+def _value_at(events: pa.Table, partition: int, offset: int) -> bytes | None:
+    """The raw value of the event at (partition, offset)."""
     mask = pc.and_(pc.equal(events["partition"], partition), pc.equal(events["offset"], offset))
-    raw = events.filter(mask)["value"].to_pylist()
-    if not raw:
-        return reason
-    try:
-        decoded = json.loads(raw[0])
-    except (ValueError, UnicodeDecodeError) as exc:
-        return f"value is not valid JSON ({exc})"
-    if not isinstance(decoded, dict):
-        return f"value is JSON {type(decoded).__name__}, not a Debezium envelope object"
-    return reason
+    values = events.filter(mask)["value"].to_pylist()
+    return values[0] if values else None
 
 
 def _fold_documents(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout,
@@ -275,8 +273,6 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
             events = events.filter(_before_arrow(cut_offsets, events))
             raw = replace(raw, end_offsets=cut_offsets)
         commit = replace(commit, version=sum(cut_offsets.values()), offsets=cut_offsets, transactions=transactions)
-    if table.kind == "mongodb" and table.apply_mode == "scd2":
-        raise LayoutError(f"table '{table.name}': apply_mode scd2 is not supported for MongoDB collections")
     reread = table.apply_mode == "scd2" or table.kind == "mongodb"
     if reread:
         decoded = decoded.persist()  # read twice: the fold (for the summary) and the rows
@@ -293,11 +289,11 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
     dead_lettered = 0
     if summary.bad_events:
-        bad = [BadEvent(e.offset, e.partition, _explain(events, e.partition, e.offset, e.reason))
-               for e in summary.bad_events]
+        bad = summary.bad_events
         if table.on_bad_event != "dead_letter" or table.dead_letter is None:
             first = bad[0]
-            raise BadEventError(table.topic, first.partition, first.offset, first.reason, table.name, len(bad))
+            reason = explain_bad_value(_value_at(events, first.partition, first.offset), first.reason)
+            raise BadEventError(table.topic, first.partition, first.offset, reason, table.name, len(bad))
         mark = time.perf_counter()
         write_dead_letters(table.dead_letter, dead_letter_rows(table.topic, table.name, events, bad))
         dead_lettered = len(bad)

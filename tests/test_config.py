@@ -85,3 +85,10 @@ def test_missing_file_and_demo_default(tmp_path, monkeypatch):
     monkeypatch.delenv("CDC_ASSETS_CONFIG", raising=False)
     assert [c.name for c in load_config().connectors] == ["inventory", "sales"]
     assert DEMO_CONFIG_PATH.exists()
+
+
+def test_scd2_is_refused_for_mongodb_collections_at_load():
+    text = VALID.replace("kind: postgresql", "kind: mongodb").replace(
+        "        key_columns: [order_id]\n", "        key_columns: [order_id]\n        apply_mode: scd2\n")
+    with pytest.raises(ConfigError, match="apply_mode scd2 is not supported for MongoDB collections"):
+        parse_config(text)

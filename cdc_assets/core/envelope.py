@@ -80,6 +80,19 @@ def json_payload(value: bytes | None) -> object:
     return body.get("payload", body) if isinstance(body, dict) else body
 
 
+def explain_bad_value(value: bytes | None, reason: str) -> str:
+    """Sharpen Spark's verdict on a bad event (``reason``) by looking at its raw value."""
+    if value is None:
+        return reason
+    try:
+        decoded = json.loads(value)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return f"value is not valid JSON ({exc})"
+    if not isinstance(decoded, dict):
+        return f"value is JSON {type(decoded).__name__}, not a Debezium envelope object"
+    return reason
+
+
 def _as_parsed(row_type: T.StructType) -> T.StructType:
     """The row type as ``from_json`` reads it: top-level values as JSON text, nested types as themselves."""
     return T.StructType(

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
+from cdc_assets.core.envelope import explain_bad_value
 from cdc_assets.core.fold import BadEvent
 from cdc_assets.io.delta import DeltaTarget
 
@@ -34,7 +35,8 @@ def _coordinates(partition: pa.Array | pa.ChunkedArray, offset: pa.Array | pa.Ch
 
 
 def dead_letter_rows(topic: str, table: str, events: pa.Table, bad: Sequence[BadEvent]) -> pa.Table:
-    """The dead-letter rows of ``bad`` events, with their raw key and value from ``events``."""
+    """The dead-letter rows of ``bad`` events, with their raw key and value from ``events`` and the
+    reason sharpened by looking at the value."""
     reasons = {(event.partition << 40) + event.offset: event.reason for event in bad}
     wanted = events.filter(pc.is_in(_coordinates(events["partition"], events["offset"]),
                                     value_set=pa.array(list(reasons), pa.int64())))
@@ -46,7 +48,8 @@ def dead_letter_rows(topic: str, table: str, events: pa.Table, bad: Sequence[Bad
         "offset": wanted["offset"],
         "key": wanted["key"],
         "value": wanted["value"],
-        "error": pa.array([reasons[code] for code in codes], pa.string()),
+        "error": pa.array([explain_bad_value(value, reasons[code])
+                           for value, code in zip(wanted["value"].to_pylist(), codes, strict=True)], pa.string()),
         "table": pa.array([table] * wanted.num_rows, pa.string()),
         "dead_lettered_at": pa.array([now] * wanted.num_rows, pa.timestamp("us", tz="UTC")),
     }, schema=DEAD_LETTER_SCHEMA)
