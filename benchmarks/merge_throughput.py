@@ -1,14 +1,22 @@
-"""Throughput of the merge path, end to end on the embedded default.
+"""Throughput of the merge path, end to end on the embedded default, beside its references.
 
-Produces N Debezium PostgreSQL events (default W1: 1,000,000 events over 100,000 keys, ~80% updates,
-~10% creates, ~10% deletes each followed by a tombstone, 3 partitions) into a local broker, then
-times the project's micro-batch merge from the first poll to the last committed Delta version,
-and checks the table against an oracle (row count and checksum of the reference fold).
+Produces W1 (default: 1,000,000 Debezium PostgreSQL events over 100,000 keys, ~80% updates, ~10%
+creates, ~10% deletes each followed by a tombstone, 3 partitions) into a local broker once, waits
+until the broker is idle, then runs each variant ``--runs`` times, each run in a fresh process (a
+fresh JVM for the Spark ones), round after round:
 
-Prints events/s, per-stage seconds, Spark start-up, the consume-only ceiling (confluent-kafka with
-no parsing) as a reference, and peak RSS of the whole process tree (Python + JVM).
+- ``consume_only``: confluent-kafka reads every record, no parsing (the broker/client ceiling);
+- ``no_spark``: pyarrow JSON parse + fold, delta-rs MERGE (``benchmarks.references``);
+- ``plain_spark``: Spark from_json + window fold with Spark's default settings, delta-rs MERGE;
+- ``project``: the project's ``cdc_merge_job`` (a real Dagster run, ``execute_in_process``) on the
+  embedded default, draining the topic in micro-batches of ``--batch`` records.
 
-    python benchmarks/merge_throughput.py [--events 1000000] [--keys 100000] [--batch 100000]
+Every variant that writes Delta is checked against an oracle (row count and checksum of the
+reference fold). Prints medians of the seconds from the first poll to the last committed Delta
+version (Spark session start reported apart), events/s, ratios, per-stage seconds and the peak
+RSS of each run's process tree (Python + JVM; the broker is not part of it).
+
+    python -m benchmarks.merge_throughput [--events 1000000] [--keys 100000] [--batch 100000] [--runs 3]
 """
 
 from __future__ import annotations
@@ -16,25 +24,24 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
 
+import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from benchmarks.measure import PeakRss
-from cdc_assets.catalog import CapturedTable
-from cdc_assets.config import BatchLimits
 from cdc_assets.demo.broker import LocalBroker
-from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
-from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.spark import spark_config
-from cdc_assets.pipeline import merge_micro_batch
 
 TOPIC = "bench.public.accounts"
 
@@ -94,11 +101,13 @@ def produce(bootstrap: str, records: list[tuple[bytes, bytes | None]], partition
     producer.flush(120)
 
 
-def consume_only(bootstrap: str, partitions: int, total: int) -> float:
-    """The broker/client ceiling: read all ``total`` records with confluent-kafka, no parsing."""
+def consume_only(bootstrap: str) -> dict[str, float]:
+    """The broker/client ceiling: read every record of the topic with confluent-kafka, no parsing."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-consume-only",
                          "enable.auto.commit": False, "receive.message.max.bytes": 1_000_000_000})
-    consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(partitions)])
+    partitions = consumer.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
+    total = sum(consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in partitions)
+    consumer.assign([TopicPartition(TOPIC, p, 0) for p in partitions])
     started, seen = time.perf_counter(), 0
     while seen < total:
         for message in consumer.consume(10_000, timeout=1.0):
@@ -106,7 +115,101 @@ def consume_only(bootstrap: str, partitions: int, total: int) -> float:
                 seen += 1
     elapsed = time.perf_counter() - started
     consumer.close()
-    return elapsed
+    return {"total_s": elapsed}
+
+
+PROJECT_CONFIG = """
+kafka:
+  bootstrap_servers: {bootstrap}
+  group_id: bench
+delta:
+  root: {root}
+  writer: delta-rs
+batch:
+  max_records: {batch}
+  max_batches_per_run: 1000
+connectors:
+  - name: bench
+    kind: postgresql
+    topic.prefix: bench
+    tables:
+      - name: public.accounts
+"""
+
+
+def run_project(bootstrap: str, batch: int, work: Path) -> tuple[dict[str, float], str]:
+    """The project's ``cdc_merge_job`` in this process (Spark started first, timed apart); its stage
+    seconds and the Delta table's path."""
+    config_path = work / "pipeline.yaml"
+    config_path.write_text(PROJECT_CONFIG.format(bootstrap=bootstrap, root=work / "delta", batch=batch))
+    os.environ["CDC_ASSETS_CONFIG"] = str(config_path)
+    from dagster import DagsterInstance
+
+    from cdc_assets.catalog import resolve_tables
+    from cdc_assets.config import load_config
+    from cdc_assets.definitions import build_definitions
+
+    config = load_config(config_path)
+    spark_start = _start_spark(spark_config(config.spark.master, conf=config.spark.conf))
+    job = build_definitions(config).resolve_job_def("cdc_merge_job")
+    started = time.perf_counter()
+    result = job.execute_in_process(instance=DagsterInstance.ephemeral())
+    wall = time.perf_counter() - started
+    if not result.success:
+        raise SystemExit("cdc_merge_job failed")
+    (event,) = result.get_asset_materialization_events()
+    metadata = event.event_specific_data.materialization.metadata  # type: ignore[union-attr]
+    stages: dict[str, float] = dict(metadata["stage_seconds"].value)  # type: ignore[arg-type]
+    stages["dagster_run_overhead_s"] = wall - stages.pop("total_s")
+    stages.update(total_s=wall, spark_start_s=spark_start, batches=float(metadata["batches"].value))  # type: ignore[arg-type]
+    return stages, resolve_tables(config)[0].target.path
+
+
+def _start_spark(settings: dict[str, str]) -> float:
+    started = time.perf_counter()
+    builder = SparkSession.builder
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    builder.getOrCreate().sparkContext.setLogLevel("ERROR")
+    return time.perf_counter() - started
+
+
+def child(variant: str, bootstrap: str, batch: int, work: Path) -> None:
+    """One run of one variant in this (fresh) process; prints one ``RESULT {json}`` line."""
+    from benchmarks.references import run_no_spark, run_plain_spark
+
+    target = str(work / "delta" / "accounts")
+    with PeakRss(exclude_pid=-1) as rss:
+        if variant == "consume_only":
+            stages = consume_only(bootstrap)
+        elif variant == "no_spark":
+            stages = run_no_spark(bootstrap, TOPIC, batch, target)
+        elif variant == "plain_spark":
+            # Spark's own defaults: only the master, the UI off and UTC.
+            spark_start = _start_spark({"spark.master": "local[*]", "spark.ui.enabled": "false",
+                                        "spark.sql.session.timeZone": "UTC"})
+            stages = run_plain_spark(SparkSession.getActiveSession(), bootstrap, TOPIC, batch, target)
+            stages["spark_start_s"] = spark_start
+        else:
+            stages, target = run_project(bootstrap, batch, work)
+    result: dict[str, object] = {"stages": stages, "peak_rss": rss.peak}
+    if variant != "consume_only":
+        rows = DeltaTable(target).to_pyarrow_table(columns=["id", "balance", "owner", "status", "seq"]).to_pylist()
+        result.update(rows=len(rows), checksum=checksum(rows))
+    print("RESULT " + json.dumps(result), flush=True)
+    # Skip interpreter teardown: native threads (delta-rs, librdkafka, py4j) can abort it after the result.
+    os._exit(0)
+
+
+def wait_until_idle(pid: int, below: float = 0.05, timeout_s: float = 120.0) -> None:
+    """Wait until the broker's CPU use over a second drops below ``below`` (it indexes after writes)."""
+    process = psutil.Process(pid)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.cpu_percent(interval=1.0) / 100 >= below:
+        pass
+
+
+VARIANTS = ("consume_only", "no_spark", "plain_spark", "project")
 
 
 def main() -> None:
@@ -115,59 +218,70 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=100_000, help="max records per micro-batch")
     parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3, help="fresh processes per variant (medians are reported)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
+    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args.child, args.bootstrap, args.batch, Path(args.work))
+        return
 
+    variants = [v for v in args.variants.split(",") if v]
     records, reference = generate(args.events, args.keys)
     events = sum(1 for _, value in records if value is not None)
-    print(f"W1: {events} events + {len(records) - events} tombstones over {args.keys} keys, "
-          f"{args.partitions} partitions, batches of {args.batch}")
+    oracle = (len(reference), checksum(list(reference.values())))
+    print(f"W1: {events:,} events + {len(records) - events:,} tombstones over {args.keys:,} keys, "
+          f"{args.partitions} partitions, batches of {args.batch:,}; {args.runs} fresh process(es) per variant")
+    results: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="cdc-bench-") as work, LocalBroker(Path(work) / "broker") as broker:
         produce(broker.bootstrap_servers, records, args.partitions)
-        len_records = len(records)
         del records
-        ceiling = consume_only(broker.bootstrap_servers, args.partitions, len_records)
-        with PeakRss(exclude_pid=broker.pid) as rss:
-            started = time.perf_counter()
-            builder = SparkSession.builder
-            for key, value in spark_config().items():
-                builder = builder.config(key, value)
-            spark = builder.getOrCreate()
-            spark.sparkContext.setLogLevel("ERROR")
-            spark_start = time.perf_counter() - started
+        for run in range(args.runs):
+            for variant in variants:
+                wait_until_idle(broker.pid)
+                run_dir = Path(work) / f"{variant}-{run}"
+                run_dir.mkdir()
+                done = subprocess.run(
+                    [sys.executable, "-m", "benchmarks.merge_throughput", "--child", variant, "--bootstrap",
+                     broker.bootstrap_servers, "--batch", str(args.batch), "--work", str(run_dir)],
+                    capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+                lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+                if done.returncode != 0 or not lines:
+                    raise SystemExit(f"{variant} run {run + 1} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+                result = json.loads(lines[-1].removeprefix("RESULT "))
+                if "rows" in result and (result["rows"], result["checksum"]) != oracle:
+                    raise SystemExit(f"{variant} run {run + 1}: the table does not match the oracle "
+                                     f"({result['rows']} rows, expected {oracle[0]})")
+                results[variant].append(result)
+                print(f"  run {run + 1} {variant:<13} {result['stages']['total_s']:6.1f} s"
+                      + (" oracle OK" if "rows" in result else ""), flush=True)
+    report(results, events)
 
-            table = CapturedTable("bench", "postgresql", "bench", "public.accounts", TOPIC,
-                                  DeltaTarget(str(Path(work) / "delta" / "accounts")))
-            source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "bench"})
-            writer = DeltaRsWriter()
-            stages: dict[str, float] = defaultdict(float)
-            batches = 0
-            merge_started = time.perf_counter()
-            while True:
-                report = merge_micro_batch(spark, source, writer, table, BatchLimits(max_records=args.batch))
-                batches += 1
-                for stage, seconds in report.timings.items():
-                    stages[stage] += seconds
-                if report.raw.caught_up:
-                    break
-            merge_seconds = time.perf_counter() - merge_started
-            source.close()
-        rows = DeltaTable(table.target.path).to_pyarrow_table(columns=["id", "balance", "owner", "status",
-                                                                       "seq"]).to_pylist()
-        ok = len(rows) == len(reference) and checksum(rows) == checksum(list(reference.values()))
-        spark.stop()
 
-    print(f"oracle: {'OK' if ok else 'MISMATCH'} ({len(rows)} rows, expected {len(reference)})")
-    print(f"consume only (ceiling): {ceiling:.1f} s, {events / ceiling:,.0f} events/s")
-    print(f"spark session start: {spark_start:.1f} s")
-    print(f"project merge job: {merge_seconds:.1f} s for {batches} batches, {events / merge_seconds:,.0f} events/s "
-          f"({events / merge_seconds / (events / ceiling):.2f}x of the consume-only ceiling)")
-    total = stages.pop("total_s", merge_seconds)
-    for stage, seconds in sorted(stages.items(), key=lambda item: -item[1]):
-        print(f"  {stage:<24} {seconds:7.1f} s  {100 * seconds / total:5.1f}%")
-    print(f"peak RSS (python + JVM): {rss.peak / 2**30:.2f} GiB (python alone: {rss.peak_python / 2**30:.2f} GiB, "
-          "which includes this benchmark's generated events)")
-    if not ok:
-        raise SystemExit("the merged table does not match the oracle")
+def report(results: dict[str, list[dict]], events: int) -> None:
+    """Medians per variant, ratios to the references, the project's stages."""
+
+    def median(variant: str, stage: str) -> float:
+        return statistics.median(r["stages"].get(stage, 0.0) for r in results[variant])
+
+    print(f"\n{'variant':<14}{'seconds':>9}{'events/s':>11}{'spark start':>13}{'peak RSS':>10}  (medians)")
+    for variant, runs in results.items():
+        seconds = median(variant, "total_s")
+        start = f"{median(variant, 'spark_start_s'):.1f} s" if "spark_start_s" in runs[0]["stages"] else "-"
+        rss = statistics.median(r["peak_rss"] for r in runs) / 2**30
+        print(f"{variant:<14}{seconds:>8.1f}s{events / seconds:>11,.0f}{start:>13}{rss:>8.2f} GiB")
+    if "project" in results:
+        project = median("project", "total_s")
+        for reference in ("consume_only", "no_spark", "plain_spark"):
+            if reference in results:
+                print(f"project / {reference}: {median(reference, 'total_s') / project:.2f}x the throughput")
+        stages = {k: median("project", k) for k in results["project"][0]["stages"]
+                  if k.endswith("_s") and k not in ("total_s", "spark_start_s")}
+        print("project stages (medians, seconds):")
+        for stage, seconds in sorted(stages.items(), key=lambda item: -item[1]):
+            print(f"  {stage:<26}{seconds:7.2f}")
 
 
 if __name__ == "__main__":

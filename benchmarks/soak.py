@@ -4,17 +4,23 @@ peak RSS.
 
 A producer thread writes PostgreSQL change events at ``--rate`` events/s to a local broker and
 remembers when each offset was produced. The main thread plays the sensor: whenever the topic has
-events beyond the table's committed offsets, it launches a run (``execute_in_process`` on a real
-instance). An event's lag is the time from its production to the end of the run that committed it.
+events beyond the table's committed offsets, it launches a run. By default each run is a fresh
+process (``dagster job execute``), as Dagster's default run launcher does, so every run pays for
+its Python, Dagster and JVM start; ``--runs-in same`` runs them with ``execute_in_process`` in
+this process, sharing one warm JVM. An event's lag is the time from its production to the end of
+the run that committed it (the offsets come from the table's Delta commits).
 
-    python -m benchmarks.soak [--rate 5000] [--seconds 600]
+    python -m benchmarks.soak [--rate 5000] [--seconds 600] [--runs-in fresh|same]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -25,10 +31,12 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import DagsterInstance
 
 from benchmarks.measure import PeakRss
-from cdc_assets.config import parse_config
+from cdc_assets.catalog import resolve_tables
+from cdc_assets.config import load_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.broker import LocalBroker
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
+from cdc_assets.io.delta import DeltaRsWriter
 
 TOPIC = "soak.public.accounts"
 
@@ -90,19 +98,29 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--max-records", type=int, default=100_000)
+    parser.add_argument("--runs-in", choices=("fresh", "same"), default="fresh",
+                        help="fresh: each run a new process (dagster job execute); same: execute_in_process here")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="cdc-soak-") as work, LocalBroker(Path(work) / "broker") as broker:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
         admin.create_topics([NewTopic(TOPIC, num_partitions=args.partitions, replication_factor=1)])[TOPIC].result()
-        config = parse_config(f"""
+        config_path = Path(work) / "pipeline.yaml"
+        config_path.write_text(f"""
 kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
 delta: {{root: "{work}/delta", writer: delta-rs}}
 batch: {{max_records: {args.max_records}}}
 connectors:
   - {{name: soak, kind: postgresql, topic.prefix: soak, tables: [{{name: public.accounts}}]}}
 """)
+        config = load_config(config_path)
+        table = resolve_tables(config)[0]
         job = build_definitions(config).resolve_job_def("cdc_merge_job")
+        dagster_home = Path(work) / "dagster_home"
+        dagster_home.mkdir()
+        env = {**os.environ, "CDC_ASSETS_CONFIG": str(config_path), "DAGSTER_HOME": str(dagster_home)}
+        command = [str(Path(sys.executable).parent / "dagster"), "job", "execute", "-m", "cdc_assets.definitions",
+                   "-j", "cdc_merge_job"]
         producer = RateProducer(broker.bootstrap_servers, args.rate, args.seconds, args.keys)
         lags: list[float] = []
         runs = 0
@@ -117,20 +135,24 @@ connectors:
                         break
                     time.sleep(0.5)
                     continue
-                result = job.execute_in_process(instance=instance)
+                if args.runs_in == "same":
+                    ok = job.execute_in_process(instance=instance, raise_on_error=False).success
+                else:
+                    ok = subprocess.run(command, env=env, capture_output=True).returncode == 0
                 finished = time.time()
                 runs += 1
-                [materialization] = [e.event_specific_data.materialization
-                                     for e in result.get_asset_materialization_events()]
-                for partition, span in materialization.metadata["offsets"].value.items():
-                    for offset in range(span["from"], span["to"]):
-                        produced = producer.produced_at.get((int(partition), offset))
+                if not ok:
+                    raise SystemExit(f"run {runs} of cdc_merge_job failed")
+                progress = DeltaRsWriter().read_progress(table.target, table.app_id)
+                for partition, end in (progress.offsets if progress else {}).items():
+                    for offset in range(committed.get(partition, 0), end):
+                        produced = producer.produced_at.get((partition, offset))
                         if produced is not None:
                             lags.append(finished - produced)
-                    committed[int(partition)] = span["to"]
+                    committed[partition] = end
         print(json.dumps({
             "rate_events_per_s": args.rate, "seconds": args.seconds, "events_produced": producer.count,
-            "events_applied": len(lags), "runs": runs,
+            "events_applied": len(lags), "runs": runs, "runs_in": args.runs_in,
             "lag_p50_s": round(percentile(lags, 50), 2) if lags else None,
             "lag_p95_s": round(percentile(lags, 95), 2) if lags else None,
             "lag_max_s": round(max(lags), 2) if lags else None,

@@ -1,8 +1,9 @@
-"""One software-defined asset per captured table: materializing it merges one micro-batch."""
+"""One software-defined asset per captured table: materializing it merges its new change events, in
+micro-batches."""
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from dagster import (
     AssetExecutionContext,
@@ -35,6 +36,8 @@ class MergeConfig(Config):
 
     max_records_per_batch: int | None = Field(default=None, gt=0,
                                               description="override the pipeline's max records per micro-batch")
+    max_batches_per_run: int | None = Field(default=None, gt=0,
+                                            description="override the pipeline's micro-batches per run")
 
 
 def dagster_name(text: str) -> str:
@@ -42,46 +45,61 @@ def dagster_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", text)
 
 
-def report_metadata(report: BatchReport) -> dict[str, object]:
-    """Materialization metadata for one batch: numbers as numbers, so the UI plots them."""
-    summary, outcome = report.summary, report.outcome
+def report_metadata(reports: Sequence[BatchReport]) -> dict[str, object]:
+    """Materialization metadata for a run's batches of one table: counts summed over the batches,
+    offsets from the first batch's start to the last one's end, state as of the last batch; numbers
+    as numbers, so the UI plots them."""
+    last = reports[-1]
+    summaries = [r.summary for r in reports if r.summary is not None]
+    outcomes = [r.outcome for r in reports if r.outcome is not None]
+    offsets = {p: {"from": reports[0].raw.start_offsets[int(p)], "to": to["to"], "high_watermark": to["high_watermark"]}
+               for p, to in json.loads(last.offsets_json()).items()}
+    stages: dict[str, float] = {}
+    for report in reports:
+        for stage, seconds in report.timings.items():
+            stages[stage] = stages.get(stage, 0.0) + seconds
     metadata: dict[str, object] = {
-        "events_read": report.events_read,
-        "tombstones_skipped": report.tombstones,
-        "dead_lettered_events": report.dead_lettered,
-        "offsets": MetadataValue.json(json.loads(report.offsets_json())),
-        "caught_up": report.raw.caught_up,
-        "writer": report.writer,
-        "delta_path": MetadataValue.path(report.table.target.path),
-        "stage_seconds": MetadataValue.json({k: round(v, 3) for k, v in report.timings.items()}),
+        "batches": len(reports),
+        "events_read": sum(r.events_read for r in reports),
+        "tombstones_skipped": sum(r.tombstones for r in reports),
+        "dead_lettered_events": sum(r.dead_lettered for r in reports),
+        "offsets": MetadataValue.json(offsets),
+        "caught_up": last.raw.caught_up,
+        "writer": last.writer,
+        "delta_path": MetadataValue.path(last.table.target.path),
+        "stage_seconds": MetadataValue.json({k: round(v, 3) for k, v in stages.items()}),
     }
-    if summary is not None:
+    if summaries:
         metadata.update(
-            events_create=summary.creates,
-            events_update=summary.updates,
-            events_delete=summary.deletes,
-            events_snapshot_read=summary.snapshot_reads,
-            incremental_snapshot_reads=summary.incremental_snapshot_reads,
+            events_create=sum(s.creates for s in summaries),
+            events_update=sum(s.updates for s in summaries),
+            events_delete=sum(s.deletes for s in summaries),
+            events_snapshot_read=sum(s.snapshot_reads for s in summaries),
+            incremental_snapshot_reads=sum(s.incremental_snapshot_reads for s in summaries),
         )
-        if summary.last_incremental_snapshot_read_ts is not None:
-            metadata["last_incremental_snapshot_read_at"] = summary.last_incremental_snapshot_read_ts.isoformat()
-    if report.capture_lag_s is not None:
-        metadata["capture_lag_s"] = round(report.capture_lag_s, 3)
-    if report.capture_lag_p50_s is not None:
-        metadata["capture_lag_p50_s"] = round(report.capture_lag_p50_s, 3)
-    if report.transactions is not None:
-        metadata["transactions_applied"] = int(report.transactions["applied"])  # type: ignore[call-overload]
-        metadata["transactions_waiting"] = MetadataValue.json(report.transactions["waiting"])
-        metadata["transactions_incomplete"] = MetadataValue.json(report.transactions["incomplete"])
-    if "total_s" in report.timings:
-        metadata["batch_seconds"] = round(report.timings["total_s"], 3)
-    if outcome is not None:
+        last_read = max((s.last_incremental_snapshot_read_ts for s in summaries
+                         if s.last_incremental_snapshot_read_ts is not None), default=None)
+        if last_read is not None:
+            metadata["last_incremental_snapshot_read_at"] = last_read.isoformat()
+    latest_applied = next((r for r in reversed(reports) if r.summary is not None), None)
+    if latest_applied is not None and latest_applied.capture_lag_s is not None:
+        metadata["capture_lag_s"] = round(latest_applied.capture_lag_s, 3)
+    if latest_applied is not None and latest_applied.capture_lag_p50_s is not None:
+        metadata["capture_lag_p50_s"] = round(latest_applied.capture_lag_p50_s, 3)
+    if last.transactions is not None:
+        metadata["transactions_applied"] = sum(int(r.transactions["applied"])  # type: ignore[call-overload]
+                                               for r in reports if r.transactions is not None)
+        metadata["transactions_waiting"] = MetadataValue.json(last.transactions["waiting"])
+        metadata["transactions_incomplete"] = MetadataValue.json(last.transactions["incomplete"])
+    if "total_s" in stages:
+        metadata["batch_seconds"] = round(stages["total_s"], 3)
+    if outcomes:
         metadata.update(
-            rows_inserted=outcome.inserted,
-            rows_updated=outcome.updated,
-            rows_deleted=outcome.deleted,
-            delta_version=outcome.delta_version,
-            already_applied=outcome.already_applied,
+            rows_inserted=sum(o.inserted for o in outcomes),
+            rows_updated=sum(o.updated for o in outcomes),
+            rows_deleted=sum(o.deleted for o in outcomes),
+            delta_version=outcomes[-1].delta_version,
+            already_applied=all(o.already_applied for o in outcomes),
         )
     return metadata
 
@@ -106,7 +124,8 @@ def _current_schema(table: CapturedTable) -> StructType | None:
 
 def build_cdc_asset(table: CapturedTable, limits: BatchLimits,
                     peers: Mapping[str, DeltaTarget] | None = None) -> AssetsDefinition:
-    """The asset of one captured table: its materialization is one micro-batch MERGE into Delta.
+    """The asset of one captured table: its materialization MERGEs the table's new change events into
+    Delta, one micro-batch (one commit) at a time, up to ``limits.max_batches_per_run``.
 
     ``peers``: the transaction-consistent tables of the same connector (for the watermark)."""
     keys = ", ".join(table.key_columns) if table.key_columns else "from the record key"
@@ -134,14 +153,21 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits,
     def merge_table(context: AssetExecutionContext, config: MergeConfig, spark: LazyPySparkResource,
                     kafka: KafkaResource, delta: DeltaResource) -> MaterializeResult:
         session = spark.spark_session
-        batch_limits = limits
-        if config.max_records_per_batch:
-            batch_limits = limits.model_copy(update={"max_records": config.max_records_per_batch})
+        overrides = {"max_records": config.max_records_per_batch, "max_batches_per_run": config.max_batches_per_run}
+        batch_limits = limits.model_copy(update={k: v for k, v in overrides.items() if v})
         writer = delta.writer_for(session)
-        report = merge_micro_batch(session, kafka.source(), writer, table, batch_limits)
-        context.log.info(f"{table.topic}: {report.events_read} events read, offsets {report.offsets_json()}")
-        metadata = report_metadata(report)
-        if table.transaction_log is not None and table.watermarks is not None and report.outcome is not None:
+        reports: list[BatchReport] = []
+        while len(reports) < batch_limits.max_batches_per_run:
+            report = merge_micro_batch(session, kafka.source(), writer, table, batch_limits)
+            reports.append(report)
+            context.log.info(f"{table.topic}: batch {len(reports)}, {report.events_read} events read, "
+                             f"offsets {report.offsets_json()}")
+            # Caught up, or nothing could be applied (a transaction waits): the next run goes on.
+            if report.raw.caught_up or report.raw.end_offsets == report.raw.start_offsets:
+                break
+        metadata = report_metadata(reports)
+        if table.transaction_log is not None and table.watermarks is not None and any(
+                r.outcome is not None for r in reports):
             watermark = update_watermark(table.connector, table.transaction_log, peers or {}, table.watermarks)
             if watermark is not None:
                 metadata["consistent_watermark"] = MetadataValue.json({

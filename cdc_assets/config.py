@@ -89,6 +89,9 @@ class BatchLimits(_Model):
     max_records: int = Field(default=100_000, gt=0)
     max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
     poll_timeout_s: float = Field(default=30.0, gt=0)
+    max_batches_per_run: int = Field(
+        default=10, gt=0, description="micro-batches one run applies to a table while it is behind (each its own "
+        "Delta commit): a backlog is drained by one Spark session and one warm JVM, not by one run per batch")
 
 
 class TableConfig(_Model):

@@ -6,6 +6,7 @@ Delta writer, and turn the returned ``BatchReport`` into materialization metadat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -24,8 +25,7 @@ from cdc_assets.core import (
     BatchSummary,
     decode_change_events,
     derive_layout,
-    fold_events,
-    split_folded,
+    fold_batch,
 )
 from cdc_assets.core.envelope import (
     ERROR_COLUMN,
@@ -50,6 +50,7 @@ from cdc_assets.core.transactions import cut_batch
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
 from cdc_assets.io.kafka_source import KafkaSource, RawBatch
+from cdc_assets.io.spark import spark_frame
 from cdc_assets.io.transactions import ingest_transactions, table_horizon
 
 _SAMPLE = 100
@@ -213,6 +214,12 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     The batch ends at the high watermarks seen at its start, or earlier at ``limits``. The data and
     the offsets are committed together; on any bad event nothing is committed.
     """
+    with contextlib.ExitStack() as scratch:
+        return _merge(spark, source, writer, table, limits, scratch)
+
+
+def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
+           limits: BatchLimits, scratch: contextlib.ExitStack) -> BatchReport:
     timings: dict[str, float] = {}
     started = time.perf_counter()
     progress = writer.read_progress(table.target, table.app_id)
@@ -253,7 +260,7 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
 
     commit = replace(commit, key_columns=layout.key_columns)
     mark = time.perf_counter()
-    events_df = spark.createDataFrame(events)
+    events_df = scratch.enter_context(spark_frame(spark, events))
     timings["to_spark_s"] = time.perf_counter() - mark
     mark = time.perf_counter()
     decoded = decode_change_events(events_df, layout)
@@ -276,8 +283,7 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     reread = table.apply_mode == "scd2" or table.kind == "mongodb"
     if reread:
         decoded = decoded.persist()  # read twice: the fold (for the summary) and the rows
-    folded = fold_events(decoded, layout).toArrow()
-    rows, summary = split_folded(folded)
+    rows, summary = fold_batch(decoded, layout)
     if table.apply_mode == "scd2":
         rows = history_versions(decoded, layout).toArrow()
     elif table.kind == "mongodb":

@@ -1,8 +1,10 @@
 """The code location: assets, groups, kinds and the merge job, run for real through Dagster."""
 
+import contextlib
 import subprocess
 import sys
 
+from confluent_kafka import KafkaException
 from dagster import AssetKey, materialize
 from deltalake import DeltaTable
 
@@ -34,8 +36,14 @@ KEYS = [AssetKey(["dbserver1", "inventory", "products"]), AssetKey(["dbserver1",
         AssetKey(["server1", "dbo", "orders"])]
 
 
+def sample_published(broker):
+    """The demo sample on the session's broker, published once whichever test comes first."""
+    with contextlib.suppress(KafkaException):  # TOPIC_ALREADY_EXISTS: an earlier test published it
+        publish_sample(broker.bootstrap_servers)
+
+
 def test_merge_job_applies_the_sample_and_reports_metadata(spark, broker, tmp_path):
-    publish_sample(broker.bootstrap_servers)
+    sample_published(broker)
     defs = build_definitions(parse_config(CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path)))
 
     graph = defs.resolve_asset_graph()
@@ -119,3 +127,26 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
                             raise_on_error=False)
         [evaluation] = check.get_asset_check_evaluations()
         assert not evaluation.passed and evaluation.metadata["duplicate_keys"].value == 1
+
+
+def test_a_run_drains_a_backlog_in_micro_batches_up_to_its_limit(spark, broker, tmp_path):
+    sample_published(broker)
+    config = CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path) + (
+        "batch:\n  max_records: 5\n  max_batches_per_run: 2\n")
+    defs = build_definitions(parse_config(config))
+    products = defs.get_assets_def(KEYS[0])
+    path = str(tmp_path / "dbserver1" / "inventory" / "products")
+
+    def run(run_config=None):
+        result = materialize([products], resources=defs.resources, run_config=run_config)
+        (event,) = result.get_asset_materialization_events()
+        return event.event_specific_data.materialization.metadata
+
+    first = run()  # 16 records: two batches of 5, one commit each, then the run stops behind
+    assert first["batches"].value == 2 and first["events_read"].value == 10 and not first["caught_up"].value
+    assert first["offsets"].value == {"0": {"from": 0, "to": 10, "high_watermark": 16}}
+    assert first["delta_version"].value == DeltaTable(path).version() == 2
+    rest = run({"ops": {products.node_def.name: {"config": {"max_batches_per_run": 10}}}})
+    assert rest["batches"].value == 2 and rest["events_read"].value == 6 and rest["caught_up"].value
+    assert rest["offsets"].value == {"0": {"from": 10, "to": 16, "high_watermark": 16}}
+    assert DeltaTable(path).count() == 10  # as one batch leaves it (test above: 10 rows inserted)

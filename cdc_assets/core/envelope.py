@@ -117,24 +117,33 @@ def envelope_type(layout: ChangeEventLayout) -> T.StructType:
     )
 
 
-def _unwrap(text: Column, body: T.StructType) -> Column:
-    """Parse JSON that is either ``body`` itself or ``{"schema": ..., "payload": body}``."""
-    parsed = F.from_json(text, T.StructType([T.StructField("payload", body), *body.fields]))
-    bare = F.struct(*[parsed[field.name].alias(field.name) for field in body.fields])
-    return F.when(parsed["payload"].isNotNull(), parsed["payload"]).otherwise(F.when(parsed.isNotNull(), bare))
+def _parse_either(text: Column, body: T.StructType) -> Column:
+    """Parse JSON that is either ``body`` itself or ``{"schema": ..., "payload": body}``, in one pass."""
+    return F.from_json(text, T.StructType([T.StructField("payload", body), *body.fields]))
+
+
+def _field(parsed: Column, name: str) -> Column:
+    """Field ``name`` of ``_parse_either``'s result: the payload's if wrapped, else the value's own.
+
+    ``parsed`` should be a column reference: an expression here would be evaluated once per use.
+    """
+    return F.when(parsed["payload"].isNotNull(), parsed["payload"][name]).otherwise(parsed[name])
 
 
 def decode_change_events(raw: DataFrame, layout: ChangeEventLayout) -> DataFrame:
     """Decode raw records into one typed row per change event, with ``_cdc_error`` per event."""
-    envelope = _unwrap(F.col("value").cast("string"), envelope_type(layout))
-    key = _unwrap(F.col("key").cast("string"), _as_parsed(layout.key_type))
+    body = envelope_type(layout)
+    # Two projections: the value is parsed once, then each envelope field picked from its payload (or itself).
     events = raw.select(
         F.col("partition").alias(PARTITION_COLUMN),
         F.col("offset").alias(OFFSET_COLUMN),
-        envelope.alias("_envelope"),
-        key.alias("_key"),
-    )
-    env = F.col("_envelope")
+        _parse_either(F.col("value").cast("string"), body).alias("_value"),
+        "key",
+    ).select(PARTITION_COLUMN, OFFSET_COLUMN, "key", F.col("_value").isNotNull().alias("_env_is_object"),
+             *[_field(F.col("_value"), f.name).alias(f"_env_{f.name}") for f in body.fields])
+    # Parsed lazily, inside coalesce: only events whose row image lacks a key column pay for it.
+    key = _parse_either(F.col("key").cast("string"), _as_parsed(layout.key_type))
+    env = {f.name: F.col(f"_env_{f.name}") for f in body.fields}
     op = env["op"]
     image = F.when(op == "d", env["before"]).otherwise(env["after"])
 
@@ -161,8 +170,9 @@ def decode_change_events(raw: DataFrame, layout: ChangeEventLayout) -> DataFrame
     row_columns = set(layout.row_type.fieldNames()) if layout.kind != "mongodb" else set()
     for name in key_fields:
         spec = layout.column_type(name)
-        from_key = convert(F.col("_key")[name], spec)
-        columns[name] = F.coalesce(from_key, convert(image[name], spec)) if name in row_columns else from_key
+        from_key = convert(_field(key, name), spec)
+        # The key's columns are the row's own: the image has them unless the connector left it out.
+        columns[name] = F.coalesce(convert(image[name], spec), from_key) if name in row_columns else from_key
 
     missing_key = F.lit(False)
     for name in layout.key_columns:
@@ -173,7 +183,7 @@ def decode_change_events(raw: DataFrame, layout: ChangeEventLayout) -> DataFrame
         needs_after = needs_after & ~((op == "u") & env["patch"].isNotNull())
     after_problem = F.concat(F.lit("op '"), op, F.lit("' has no after image"))
     error = (
-        F.when(env.isNull(), F.lit("value is not a JSON object"))
+        F.when(~F.col("_env_is_object"), F.lit("value is not a JSON object"))
         .when(op.isNull(), F.lit("envelope has no 'op' field"))
         .when(~op.isin(*KNOWN_OPS), F.concat(F.lit("unknown op '"), op, F.lit("'")))
         .when(missing_key, F.lit(f"cannot extract key column(s) {list(layout.key_columns)} "

@@ -66,5 +66,7 @@ def source_position(source: Column, kind: str) -> Column:
 
 
 def event_position(source: Column, kind: str, partition: Column, offset: Column) -> Column:
-    """The full ordering position: source part, then Kafka partition and offset."""
-    return F.concat(source_position(source, kind), _number(partition, 10), _number(offset))
+    """The full ordering position: source part, then Kafka partition and offset (non-negative integer
+    columns, so formatted without ``_number``'s decimal round trip)."""
+    return F.concat(source_position(source, kind), F.lpad(partition.cast("string"), 10, "0"),
+                    F.lpad(offset.cast("string"), _NUMBER_WIDTH, "0"))

@@ -62,6 +62,7 @@ class KafkaSource:
         self._settings = {**_CONSUMER_DEFAULTS, **settings}
         self._consumer: Consumer | None = None
         self._retries, self._backoff_s = retries, backoff_s
+        self._assigned_at: dict[int, int] = {}
 
     def _retrying(self, action: Callable[[], T], what: str) -> T:
         """Run ``action``, retrying Kafka errors and timeouts; then a clear ``SourceError``."""
@@ -143,12 +144,13 @@ class KafkaSource:
         columns: dict[str, list] = {"partition": [], "offset": [], "key": [], "value": []}
         size = 0
         if pending:
-            consumer.assign([TopicPartition(topic, p, start[p]) for p in sorted(pending)])
+            self._position_at(consumer, topic, partitions, start)
             try:
                 size = self._consume(consumer, topic, pending, end, high, columns, max_records, max_bytes,
                                      poll_timeout_s)
-            finally:
+            except BaseException:
                 consumer.unassign()
+                raise
         consumed = time.perf_counter()
         records = pa.table(
             {
@@ -168,6 +170,23 @@ class KafkaSource:
             bytes_read=size,
             timings={"consume_s": consumed - started, "to_arrow_s": time.perf_counter() - consumed},
         )
+
+    def _position_at(self, consumer: Consumer, topic: str, partitions: list[int], start: Mapping[int, int]) -> None:
+        """Make the consumer hand out each partition's records from ``start``.
+
+        The assignment is kept between batches: when the previous batch of this topic ended exactly
+        where this one starts, the records librdkafka already fetched are used instead of fetched
+        again (a broker may answer one fetch with the whole backlog). Otherwise: assign anew.
+        """
+        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        if assigned == {(topic, p) for p in partitions}:
+            positions = consumer.position([TopicPartition(topic, p) for p in partitions])
+            # No record handed out yet since the assignment: the position is unknown (negative).
+            if all((tp.offset if tp.offset >= 0 else self._assigned_at.get(tp.partition)) == start[tp.partition]
+                   for tp in positions):
+                return
+        consumer.assign([TopicPartition(topic, p, start[p]) for p in partitions])
+        self._assigned_at = dict(start)
 
     def _consume(self, consumer: Consumer, topic: str, pending: set[int], end: dict[int, int],
                  high: dict[int, int], columns: dict[str, list], max_records: int, max_bytes: int,

@@ -5,7 +5,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from cdc_assets.core import decode_change_events, derive_layout, fold_events, split_folded
+from cdc_assets.core import decode_change_events, derive_layout, fold_batch
 from cdc_assets.core.layout import LayoutError
 from cdc_assets.demo.events import encode_key, envelope, postgres_source, sqlserver_source
 
@@ -24,7 +24,7 @@ def raw_frame(spark, records, partition=0):
 
 def fold(events, layout):
     """Folded rows (as dicts) and the batch summary."""
-    rows, summary = split_folded(fold_events(events, layout).toArrow())
+    rows, summary = fold_batch(events, layout)
     return rows.to_pylist(), summary
 
 

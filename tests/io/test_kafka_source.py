@@ -74,3 +74,29 @@ def test_committed_offsets_beyond_the_topic_are_refused(broker, source):
     produce(broker, topic, records(2))
     with pytest.raises(SourceError, match=r"committed offset 9 is beyond the high watermark 2"):
         source.read_batch(topic, {0: 9}, 100, 10**9, 10)
+
+
+def test_consecutive_batches_reuse_the_assignment_and_lose_nothing(broker, source):
+    """Batches that continue where the last ended keep the fetched records; any other start re-seeks,
+    and records that arrive after a partition was caught up are read by the next batch."""
+    topic = new_topic(broker, "src.keep", partitions=2)
+    produce(broker, topic, records(40, "a"), partition=0)
+    produce(broker, topic, records(5, "b"), partition=1)
+
+    def values(batch):
+        return [(p, v.decode()) for p, v in zip(batch.records["partition"].to_pylist(),
+                                                batch.records["value"].to_pylist(), strict=True)]
+
+    first = source.read_batch(topic, None, max_records=20, max_bytes=10**9, poll_timeout_s=10)
+    second = source.read_batch(topic, first.end_offsets, max_records=20, max_bytes=10**9, poll_timeout_s=10)
+    third = source.read_batch(topic, second.end_offsets, max_records=20, max_bytes=10**9, poll_timeout_s=10)
+    read = values(first) + values(second) + values(third)
+    assert sorted(read) == sorted([(0, f"a{i}") for i in range(40)] + [(1, f"b{i}") for i in range(5)])
+    assert third.caught_up
+
+    produce(broker, topic, records(3, "c"), partition=1)  # after partition 1 was caught up
+    fourth = source.read_batch(topic, third.end_offsets, max_records=20, max_bytes=10**9, poll_timeout_s=10)
+    assert values(fourth) == [(1, "c0"), (1, "c1"), (1, "c2")]
+
+    again = source.read_batch(topic, first.end_offsets, max_records=20, max_bytes=10**9, poll_timeout_s=10)
+    assert values(again) == values(second)  # an earlier start (a batch that did not commit) is read again
