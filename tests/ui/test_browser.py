@@ -108,6 +108,8 @@ def test_materialize_all_from_the_ui_and_read_the_metadata(dagster_dev):
 
             page.goto(dagster_dev + "/assets/dbserver1/inventory/products")
             page.get_by_text("rows_inserted").first.wait_for(timeout=60_000)
+            # The description renders on its own; reading the page before it shows would race it.
+            page.get_by_text("captured by postgresql connector").first.wait_for(timeout=60_000)
             page.screenshot(path=str(ARTIFACTS / "products_asset.png"), full_page=True)
             body = page.locator("body").inner_text()
             assert int(metadata_value(body, "rows_inserted")) == 10
