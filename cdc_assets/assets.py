@@ -52,8 +52,6 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, object]:
     last = reports[-1]
     summaries = [r.summary for r in reports if r.summary is not None]
     outcomes = [r.outcome for r in reports if r.outcome is not None]
-    offsets = {p: {"from": reports[0].raw.start_offsets[int(p)], "to": to["to"], "high_watermark": to["high_watermark"]}
-               for p, to in json.loads(last.offsets_json()).items()}
     stages: dict[str, float] = {}
     for report in reports:
         for stage, seconds in report.timings.items():
@@ -63,7 +61,7 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, object]:
         "events_read": sum(r.events_read for r in reports),
         "tombstones_skipped": sum(r.tombstones for r in reports),
         "dead_lettered_events": sum(r.dead_lettered for r in reports),
-        "offsets": MetadataValue.json(offsets),
+        "offsets": MetadataValue.json(last.offsets(since=reports[0].raw.start_offsets)),
         "caught_up": last.raw.caught_up,
         "writer": last.writer,
         "delta_path": MetadataValue.path(last.table.target.path),

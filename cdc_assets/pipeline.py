@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
@@ -108,13 +108,16 @@ class BatchReport:
         """The median over the batch's keys of the seconds since each key's newest change."""
         return _seconds_since(self.summary.median_key_source_ts if self.summary else None)
 
+    def offsets(self, since: Mapping[int, int] | None = None) -> dict[str, dict[str, int]]:
+        """``{partition: {from, to, high_watermark}}``, from ``since`` (an earlier batch's start
+        offsets) where it names the partition, else from this batch's start."""
+        start = {**self.raw.start_offsets, **(since or {})}
+        return {str(p): {"from": start[p], "to": self.raw.end_offsets[p], "high_watermark": self.raw.high_watermarks[p]}
+                for p in sorted(self.raw.start_offsets)}
+
     def offsets_json(self) -> str:
-        """``{partition: {from, to, high_watermark}}`` as JSON."""
-        return json.dumps({
-            str(p): {"from": self.raw.start_offsets[p], "to": self.raw.end_offsets[p],
-                     "high_watermark": self.raw.high_watermarks[p]}
-            for p in sorted(self.raw.start_offsets)
-        })
+        """``offsets()`` as JSON."""
+        return json.dumps(self.offsets())
 
 
 def _seconds_since(moment: datetime | None) -> float | None:
