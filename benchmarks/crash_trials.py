@@ -47,10 +47,8 @@ def worker(args: argparse.Namespace) -> None:
                 os.killpg(os.getpgid(0), signal.SIGKILL)
 
         pipeline.fault_hook = hook
-    builder = SparkSession.builder
-    for key, value in spark_config("local[2]", conf={"spark.sql.shuffle.partitions": "2"}).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    settings = spark_config("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    spark = SparkSession.builder.config(map=settings).getOrCreate()
     table = CapturedTable("crash", "postgresql", "crash", "public.accounts", TOPIC, DeltaTarget(args.delta))
     source = KafkaSource({"bootstrap.servers": args.bootstrap, "group.id": "crash"})
     writer = DeltaRsWriter()

@@ -167,10 +167,7 @@ def run_project(bootstrap: str, batch: int, work: Path) -> tuple[dict[str, float
 
 def _start_spark(settings: dict[str, str]) -> float:
     started = time.perf_counter()
-    builder = SparkSession.builder
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    builder.getOrCreate().sparkContext.setLogLevel("ERROR")
+    SparkSession.builder.config(map=settings).getOrCreate().sparkContext.setLogLevel("ERROR")
     return time.perf_counter() - started
 
 

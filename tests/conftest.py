@@ -32,10 +32,8 @@ def broker() -> Iterator[LocalBroker]:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    builder = SparkSession.builder
-    for key, value in spark_config("local[2]", conf={"spark.sql.shuffle.partitions": "2"}).items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    settings = spark_config("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    session = SparkSession.builder.config(map=settings).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()

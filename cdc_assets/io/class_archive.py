@@ -24,7 +24,7 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.core import decode_change_events, derive_layout, fold_batch
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
-from cdc_assets.io.spark import class_archive_path, spark_config, spark_frame
+from cdc_assets.io.spark import JAVA_OPTIONS, class_archive_path, spark_config, spark_frame
 
 _DUMP_ENV_VAR = "CDC_CLASS_ARCHIVE_DUMP"
 
@@ -42,11 +42,9 @@ def _workload() -> None:
                         "value": pa.array([v for _, v in events], pa.binary())})
     layout = derive_layout("postgresql", records["key"].to_pylist(), records["value"].to_pylist(), (), {}, None)
     settings = spark_config(use_class_archive=False)
-    settings["spark.driver.extraJavaOptions"] = f"-XX:ArchiveClassesAtExit={os.environ[_DUMP_ENV_VAR]}"
-    builder = SparkSession.builder
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    # The runtime's JVM options plus the dump, so the archive is made by a JVM like the ones that map it.
+    options = f"{settings.get(JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={os.environ[_DUMP_ENV_VAR]}"
+    spark = SparkSession.builder.config(map={**settings, JAVA_OPTIONS: options.strip()}).getOrCreate()
     with spark_frame(spark, records) as frame:
         fold_batch(decode_change_events(frame, layout), layout)
     jvm = spark.sparkContext._gateway.proc  # type: ignore[union-attr]
