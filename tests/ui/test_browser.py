@@ -97,11 +97,11 @@ def test_materialize_all_from_the_ui_and_read_the_metadata(dagster_dev):
             deadline = time.monotonic() + 300
             status = ""
             while time.monotonic() < deadline:
+                page.wait_for_timeout(3000)  # let the (re)loaded page render before reading it
                 body = page.locator("body").inner_text()
                 if "Failure" in body or "Success" in body:
                     status = "Failure" if "Failure" in body else "Success"
                     break
-                page.wait_for_timeout(3000)
                 page.reload()
             page.screenshot(path=str(ARTIFACTS / "runs.png"))
             assert status == "Success", f"the run launched from the UI ended as {status or 'not finished'}"
