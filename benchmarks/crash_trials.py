@@ -1,4 +1,4 @@
-"""Crash safety: SIGKILL the merge process (Python and its JVM) at random points, rerun it, and
+"""Crash safety: SIGKILL the merge process at random points, rerun it, and
 check the Delta table against the reference fold of everything produced.
 
 Each trial merges the same topic into a fresh Delta table in small batches, in a worker process
@@ -29,14 +29,13 @@ TOPIC = "crash.public.accounts"
 
 def worker(args: argparse.Namespace) -> None:
     """Merge until caught up; with --crash-at, kill this process group at that point."""
-    from pyspark.sql import SparkSession
-
     from cdc_assets import pipeline
     from cdc_assets.catalog import CapturedTable
     from cdc_assets.config import BatchLimits
     from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
     from cdc_assets.io.kafka_source import KafkaSource
     from cdc_assets.io.spark import spark_config
+    from cdc_assets.io.spark_server import connect, ensure_local_server
 
     if args.crash_at:
         rng = random.Random(args.seed)
@@ -47,8 +46,8 @@ def worker(args: argparse.Namespace) -> None:
                 os.killpg(os.getpgid(0), signal.SIGKILL)
 
         pipeline.fault_hook = hook
-    settings = spark_config("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
-    spark = SparkSession.builder.config(map=settings).getOrCreate()
+    # The embedded default: the local Spark server, which a SIGKILL of this process leaves running.
+    spark = connect(ensure_local_server(spark_config()))
     table = CapturedTable("crash", "postgresql", "crash", "public.accounts", TOPIC, DeltaTarget(args.delta))
     source = KafkaSource({"bootstrap.servers": args.bootstrap, "group.id": "crash"})
     writer = DeltaRsWriter()

@@ -9,11 +9,12 @@ import psutil
 
 
 class PeakRss:
-    """Samples the RSS of this process and all its children (the JVM) in a thread; the local broker
-    (the test harness, not the project) is left out."""
+    """Samples the RSS of a process (default: this one) and all its children (the JVM) in a thread;
+    the local broker (the test harness, not the project) is left out."""
 
-    def __init__(self, exclude_pid: int, interval_s: float = 0.2):
+    def __init__(self, exclude_pid: int, interval_s: float = 0.2, pid: int | None = None):
         self._exclude = exclude_pid
+        self._pid = pid
         self.peak = 0
         self.peak_python = 0
         self._interval = interval_s
@@ -21,7 +22,7 @@ class PeakRss:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        me = psutil.Process()
+        me = psutil.Process(self._pid)
         while not self._stop.is_set():
             total = python = me.memory_info().rss
             for process in me.children(recursive=True):

@@ -2,19 +2,24 @@
 
 Produces W1 (default: 1,000,000 Debezium PostgreSQL events over 100,000 keys, ~80% updates, ~10%
 creates, ~10% deletes each followed by a tombstone, 3 partitions) into a local broker once, waits
-until the broker is idle, then runs each variant ``--runs`` times, each run in a fresh process (a
-fresh JVM for the Spark ones), round after round:
+until the broker is idle, then runs each variant ``--runs`` times, each run in a fresh process (with
+a fresh JVM for the in-process Spark ones), round after round:
 
 - ``consume_only``: confluent-kafka reads every record, no parsing (the broker/client ceiling);
 - ``no_spark``: pyarrow JSON parse + fold, delta-rs MERGE (``benchmarks.references``);
 - ``plain_spark``: Spark from_json + window fold with Spark's default settings, delta-rs MERGE;
 - ``project``: the project's ``cdc_merge_job`` (a real Dagster run, ``execute_in_process``) on the
-  embedded default, draining the topic in micro-batches of ``--batch`` records.
+  embedded default, draining the topic in micro-batches of ``--batch`` records. Spark is the local
+  Spark server that runs share (``cdc_assets.io.spark_server``): the benchmark's first project run
+  starts it (reported apart, as "project, cold server"), the measured runs find it warm;
+- ``project_in_process``: the same run with ``spark.local_server: false``, Spark in the run's own
+  (fresh) JVM, as every run had before the local server.
 
 Every variant that writes Delta is checked against an oracle (row count and checksum of the
 reference fold). Prints medians of the seconds from the first poll to the last committed Delta
-version (Spark session start reported apart), events/s, ratios, per-stage seconds and the peak
-RSS of each run's process tree (Python + JVM; the broker is not part of it).
+version (Spark session start reported apart), events/s, ratios, per-stage seconds, the peak RSS
+of each run's process tree (Python + JVM) plus the local Spark server's, and the CPU seconds each
+run cost the run, the server and the broker (the broker is not part of the RSS).
 
     python -m benchmarks.merge_throughput [--events 1000000] [--keys 100000] [--batch 100000] [--runs 3]
 """
@@ -22,6 +27,7 @@ RSS of each run's process tree (Python + JVM; the broker is not part of it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -42,6 +48,7 @@ from pyspark.sql import SparkSession
 from benchmarks.measure import PeakRss
 from cdc_assets.demo.broker import LocalBroker
 from cdc_assets.io.spark import spark_config
+from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, ensure_local_server, running_servers, stop_all
 
 TOPIC = "bench.public.accounts"
 
@@ -128,6 +135,8 @@ delta:
 batch:
   max_records: {batch}
   max_batches_per_run: 1000
+spark:
+  local_server: {local_server}
 connectors:
   - name: bench
     kind: postgresql
@@ -137,11 +146,12 @@ connectors:
 """
 
 
-def run_project(bootstrap: str, batch: int, work: Path) -> tuple[dict[str, float], str]:
-    """The project's ``cdc_merge_job`` in this process (Spark started first, timed apart); its stage
-    seconds and the Delta table's path."""
+def run_project(bootstrap: str, batch: int, work: Path, local_server: bool = True) -> tuple[dict[str, float], str]:
+    """The project's ``cdc_merge_job`` in this process (Spark session made first, timed apart); its
+    stage seconds and the Delta table's path."""
     config_path = work / "pipeline.yaml"
-    config_path.write_text(PROJECT_CONFIG.format(bootstrap=bootstrap, root=work / "delta", batch=batch))
+    config_path.write_text(PROJECT_CONFIG.format(bootstrap=bootstrap, root=work / "delta", batch=batch,
+                                                 local_server=str(local_server).lower()))
     os.environ["CDC_ASSETS_CONFIG"] = str(config_path)
     from dagster import DagsterInstance
 
@@ -150,7 +160,13 @@ def run_project(bootstrap: str, batch: int, work: Path) -> tuple[dict[str, float
     from cdc_assets.definitions import build_definitions
 
     config = load_config(config_path)
-    spark_start = _start_spark(spark_config(config.spark.master, conf=config.spark.conf))
+    settings = spark_config(config.spark.master, conf=config.spark.conf)
+    if local_server:
+        started = time.perf_counter()
+        connect(ensure_local_server(settings)).range(1).count()  # the run's own session comes next
+        spark_start = time.perf_counter() - started
+    else:
+        spark_start = _start_spark(settings)
     job = build_definitions(config).resolve_job_def("cdc_merge_job")
     started = time.perf_counter()
     result = job.execute_in_process(instance=DagsterInstance.ephemeral())
@@ -188,8 +204,14 @@ def child(variant: str, bootstrap: str, batch: int, work: Path) -> None:
             stages = run_plain_spark(SparkSession.getActiveSession(), bootstrap, TOPIC, batch, target)
             stages["spark_start_s"] = spark_start
         else:
-            stages, target = run_project(bootstrap, batch, work)
-    result: dict[str, object] = {"stages": stages, "peak_rss": rss.peak}
+            stages, target = run_project(bootstrap, batch, work, local_server=variant == "project")
+    # CPU of this process and its children (the JVM), a local Spark server it started excepted.
+    servers = {state["pid"] for _, state in running_servers()}
+    me = psutil.Process()
+    tree = [me, *(p for p in me.children(recursive=True)
+                  if p.pid not in servers and not servers & {a.pid for a in p.parents()})]
+    result: dict[str, object] = {"stages": stages, "peak_rss": rss.peak,
+                                 "run_cpu": sum(sum(p.cpu_times()[:2]) for p in tree)}
     if variant != "consume_only":
         rows = DeltaTable(target).to_pyarrow_table(columns=["id", "balance", "owner", "status", "seq"]).to_pylist()
         result.update(rows=len(rows), checksum=checksum(rows))
@@ -199,14 +221,17 @@ def child(variant: str, bootstrap: str, batch: int, work: Path) -> None:
 
 
 def wait_until_idle(pid: int, below: float = 0.05, timeout_s: float = 120.0) -> None:
-    """Wait until the broker's CPU use over a second drops below ``below`` (it indexes after writes)."""
-    process = psutil.Process(pid)
+    """Wait until the broker's CPU use over a second (its child processes too) drops below ``below``
+    (it indexes after writes)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process.cpu_percent(interval=1.0) / 100 >= below:
-        pass
+    while time.monotonic() < deadline:
+        before = _cpu(pid)
+        time.sleep(1.0)
+        if _cpu(pid) - before < below:
+            return
 
 
-VARIANTS = ("consume_only", "no_spark", "plain_spark", "project")
+VARIANTS = ("consume_only", "no_spark", "plain_spark", "project_in_process", "project")
 
 
 def main() -> None:
@@ -231,47 +256,86 @@ def main() -> None:
     oracle = (len(reference), checksum(list(reference.values())))
     print(f"W1: {events:,} events + {len(records) - events:,} tombstones over {args.keys:,} keys, "
           f"{args.partitions} partitions, batches of {args.batch:,}; {args.runs} fresh process(es) per variant")
-    results: dict[str, list[dict]] = {v: [] for v in variants}
+    results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="cdc-bench-") as work, LocalBroker(Path(work) / "broker") as broker:
+        os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")  # the benchmark's own, started cold
         produce(broker.bootstrap_servers, records, args.partitions)
         del records
-        for run in range(args.runs):
-            for variant in variants:
-                wait_until_idle(broker.pid)
-                run_dir = Path(work) / f"{variant}-{run}"
-                run_dir.mkdir()
-                done = subprocess.run(
-                    [sys.executable, "-m", "benchmarks.merge_throughput", "--child", variant, "--bootstrap",
-                     broker.bootstrap_servers, "--batch", str(args.batch), "--work", str(run_dir)],
-                    capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-                lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-                if done.returncode != 0 or not lines:
-                    raise SystemExit(f"{variant} run {run + 1} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-                result = json.loads(lines[-1].removeprefix("RESULT "))
-                if "rows" in result and (result["rows"], result["checksum"]) != oracle:
-                    raise SystemExit(f"{variant} run {run + 1}: the table does not match the oracle "
-                                     f"({result['rows']} rows, expected {oracle[0]})")
-                results[variant].append(result)
-                print(f"  run {run + 1} {variant:<13} {result['stages']['total_s']:6.1f} s"
-                      + (" oracle OK" if "rows" in result else ""), flush=True)
+        # The project's first run starts the local Spark server; it is reported apart from the runs that find it.
+        rounds = [[("project", "cold")]] if "project" in variants else []
+        rounds += [[(variant, str(run + 1)) for variant in variants] for run in range(args.runs)]
+        try:
+            for round_ in rounds:
+                for variant, label in round_:
+                    result = run_child(variant, label, args.batch, broker, Path(work) / f"{variant}-{label}", oracle)
+                    results.setdefault(variant if label != "cold" else "project, cold server", []).append(result)
+        finally:
+            stop_all()
     report(results, events)
+    report(results, events)
+
+
+def run_child(variant: str, label: str, batch: int, broker: LocalBroker, run_dir: Path,
+              oracle: tuple[int, str]) -> dict:
+    """One run of ``variant`` in a fresh process, checked against the oracle; its result, with the
+    CPU seconds of the run, the local Spark server and the broker, and the server's peak RSS."""
+    wait_until_idle(broker.pid)
+    run_dir.mkdir()
+    servers = [state["pid"] for _, state in running_servers()] if variant == "project" else []
+    cpu = {"broker": _cpu(broker.pid), "server": sum(_cpu(pid) for pid in servers)}
+    with contextlib.ExitStack() as stack:
+        server_rss = [stack.enter_context(PeakRss(exclude_pid=-1, pid=pid)) for pid in servers]
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.merge_throughput", "--child", variant, "--bootstrap",
+             broker.bootstrap_servers, "--batch", str(batch), "--work", str(run_dir)],
+            capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    if variant == "project" and not servers:  # started by this run (its RSS counted in the run's)
+        servers = [state["pid"] for _, state in running_servers()]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{variant} run {label} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    cpu = {"broker": _cpu(broker.pid) - cpu["broker"],
+           "server": sum(_cpu(pid) for pid in servers) - cpu["server"],
+           "run": result["run_cpu"]}
+    if "rows" in result and (result["rows"], result["checksum"]) != oracle:
+        raise SystemExit(f"{variant} run {label}: the table does not match the oracle "
+                         f"({result['rows']} rows, expected {oracle[0]})")
+    result["cpu"] = cpu
+    result["server_rss"] = sum(r.peak for r in server_rss)
+    print(f"  run {label:<4} {variant:<19} {result['stages']['total_s']:6.1f} s"
+          + (" oracle OK" if "rows" in result else "")
+          + f"  (CPU s: run {cpu['run']:.1f}, server {cpu['server']:.1f}, broker {cpu['broker']:.1f})", flush=True)
+    return result
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds of a process and its children so far."""
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+    return 0.0
 
 
 def report(results: dict[str, list[dict]], events: int) -> None:
     """Medians per variant, ratios to the references, the project's stages."""
 
-    def median(variant: str, stage: str) -> float:
-        return statistics.median(r["stages"].get(stage, 0.0) for r in results[variant])
+    def median(variant: str, key: str, part: str = "stages") -> float:
+        return statistics.median(r[part].get(key, 0.0) for r in results[variant])
 
-    print(f"\n{'variant':<14}{'seconds':>9}{'events/s':>11}{'spark start':>13}{'peak RSS':>10}  (medians)")
+    print(f"\n{'variant':<22}{'seconds':>9}{'events/s':>11}{'spark start':>13}{'peak RSS':>10}"
+          f"{'+ server':>10}{'CPU s run/server/broker':>26}  (medians)")
     for variant, runs in results.items():
         seconds = median(variant, "total_s")
         start = f"{median(variant, 'spark_start_s'):.1f} s" if "spark_start_s" in runs[0]["stages"] else "-"
         rss = statistics.median(r["peak_rss"] for r in runs) / 2**30
-        print(f"{variant:<14}{seconds:>8.1f}s{events / seconds:>11,.0f}{start:>13}{rss:>8.2f} GiB")
+        with_server = statistics.median(r["peak_rss"] + r["server_rss"] for r in runs) / 2**30
+        cpu = "/".join(f"{median(variant, part, 'cpu'):.1f}" for part in ("run", "server", "broker"))
+        print(f"{variant:<22}{seconds:>8.1f}s{events / seconds:>11,.0f}{start:>13}{rss:>6.2f} GiB"
+              f"{with_server:>6.2f} GiB{cpu:>26}")
     if "project" in results:
         project = median("project", "total_s")
-        for reference in ("consume_only", "no_spark", "plain_spark"):
+        for reference in ("consume_only", "no_spark", "plain_spark", "project_in_process"):
             if reference in results:
                 print(f"project / {reference}: {median(reference, 'total_s') / project:.2f}x the throughput")
         stages = {k: median("project", k) for k in results["project"][0]["stages"]

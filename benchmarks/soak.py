@@ -6,8 +6,9 @@ A producer thread writes PostgreSQL change events at ``--rate`` events/s to a lo
 remembers when each offset was produced. The main thread plays the sensor: whenever the topic has
 events beyond the table's committed offsets, it launches a run. By default each run is a fresh
 process (``dagster job execute``), as Dagster's default run launcher does, so every run pays for
-its Python, Dagster and JVM start; ``--runs-in same`` runs them with ``execute_in_process`` in
-this process, sharing one warm JVM. An event's lag is the time from its production to the end of
+its Python and Dagster start (Spark is the local Spark server the runs share, started by the first);
+``--runs-in same`` runs them with ``execute_in_process`` in this process. Peak RSS counts the
+runs, the soak's own process and the local Spark server. An event's lag is the time from its production to the end of
 the run that committed it (the offsets come from the table's Delta commits).
 
     python -m benchmarks.soak [--rate 5000] [--seconds 600] [--runs-in fresh|same]
@@ -16,6 +17,7 @@ the run that committed it (the offsets come from the table's Delta commits).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -37,6 +39,7 @@ from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.broker import LocalBroker
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.delta import DeltaRsWriter
+from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
 
 TOPIC = "soak.public.accounts"
 
@@ -125,7 +128,11 @@ connectors:
         lags: list[float] = []
         runs = 0
         committed: dict[int, int] = {}
-        with DagsterInstance.ephemeral() as instance, PeakRss(exclude_pid=broker.pid or -1) as rss:
+        os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")  # the soak's own local Spark server
+        server_rss: PeakRss | None = None
+        with contextlib.ExitStack() as stack:
+            instance = stack.enter_context(DagsterInstance.ephemeral())
+            rss = stack.enter_context(PeakRss(exclude_pid=broker.pid or -1))
             producer.start()
             deadline = time.time() + args.seconds + 120
             while time.time() < deadline:
@@ -143,6 +150,9 @@ connectors:
                 runs += 1
                 if not ok:
                     raise SystemExit(f"run {runs} of cdc_merge_job failed")
+                # Started by the first fresh run, it outlives it (not a child of this process: counted apart).
+                if server_rss is None and args.runs_in == "fresh" and running_servers():
+                    server_rss = stack.enter_context(PeakRss(exclude_pid=-1, pid=running_servers()[0][1]["pid"]))
                 progress = DeltaRsWriter().read_progress(table.target, table.app_id)
                 for partition, end in (progress.offsets if progress else {}).items():
                     for offset in range(committed.get(partition, 0), end):
@@ -156,8 +166,9 @@ connectors:
             "lag_p50_s": round(percentile(lags, 50), 2) if lags else None,
             "lag_p95_s": round(percentile(lags, 95), 2) if lags else None,
             "lag_max_s": round(max(lags), 2) if lags else None,
-            "peak_rss_gib": round(rss.peak / 2**30, 2),
+            "peak_rss_gib": round((rss.peak + (server_rss.peak if server_rss else 0)) / 2**30, 2),
         }, indent=2))
+        stop_all()
 
 
 if __name__ == "__main__":

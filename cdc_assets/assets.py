@@ -163,6 +163,9 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits,
             # Caught up, or nothing could be applied (a transaction waits): the next run goes on.
             if report.raw.caught_up or report.raw.end_offsets == report.raw.start_offsets:
                 break
+        applied = [r for r in reports if r.outcome is not None]
+        if applied:
+            kafka.source().commit_group_offsets(table.topic, applied[-1].raw.end_offsets)
         metadata = report_metadata(reports)
         if table.transaction_log is not None and table.watermarks is not None and any(
                 r.outcome is not None for r in reports):

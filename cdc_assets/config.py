@@ -68,11 +68,22 @@ class KafkaConfig(_Model):
 
 
 class SparkConfig(_Model):
-    """Where Spark runs: local JVM Spark (default), a cluster master URL or a Spark Connect URL."""
+    """Where Spark runs: local Spark (default: the shared local Spark server), a cluster master URL or a
+    Spark Connect URL."""
 
     master: str = "local[*]"
     remote: str | None = Field(default=None, description="Spark Connect URL, e.g. sc://host:15002")
     conf: dict[str, str] = Field(default_factory=dict)
+    local_server: bool = Field(default=True, description=(
+        "local master only: run Spark as a local Spark Connect server shared by runs and kept warm "
+        "(cdc_assets.io.spark_server), instead of a JVM in each run's process"))
+    local_server_idle_timeout_s: float = Field(default=900.0, gt=0,
+                                               description="the local server stops after this long without a query")
+
+    @property
+    def uses_local_server(self) -> bool:
+        """Whether runs use the shared local Spark server."""
+        return self.local_server and not self.remote and self.master.startswith("local")
 
 
 class DeltaConfig(_Model):

@@ -247,7 +247,6 @@ def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table:
         mark = time.perf_counter()
         outcome = writer.commit_progress(table.target, commit)
         timings["merge_commit_s"] = time.perf_counter() - mark
-        source.commit_group_offsets(table.topic, raw.end_offsets)
         return BatchReport(table, writer.name, raw, tombstones, None, outcome, timings)
 
     existing_rows = None
@@ -312,8 +311,5 @@ def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table:
     outcome = writer.merge(table.target, rows, layout.key_columns, commit, table.apply_mode)
     timings["merge_commit_s"] = time.perf_counter() - mark
     _checkpoint("committed")
-    mark = time.perf_counter()
-    source.commit_group_offsets(table.topic, raw.end_offsets)
-    timings["commit_group_offsets_s"] = time.perf_counter() - mark
     timings["total_s"] = time.perf_counter() - started
     return BatchReport(table, writer.name, raw, tombstones, summary, outcome, timings, dead_lettered, transactions)

@@ -16,6 +16,25 @@ from cdc_assets.io.delta import DeltaRsWriter, DeltaWriter, select_writer
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.signals import KafkaSignalChannel, SignalChannel, SignalError, SourceTableSignalChannel
 from cdc_assets.io.spark import spark_config
+from cdc_assets.io.spark_server import connect, ensure_local_server
+
+
+class SparkResource(LazyPySparkResource):
+    """dagster-pyspark's lazily created session; with ``local_server`` (the embedded default) a Spark
+    Connect session on the shared local server for ``spark_config``, started if none runs."""
+
+    local_server: bool = False
+    local_server_idle_timeout_s: float = 900.0
+
+    def _init_session(self) -> None:
+        if self._spark_session is None and self.local_server:
+            self._spark_session = connect(ensure_local_server(self.spark_config, self.local_server_idle_timeout_s))
+        super()._init_session()
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self.local_server and self._spark_session is not None:
+            self._spark_session.stop()  # ends this run's session only: the server stays up, warm
+            self._spark_session = None
 
 
 class KafkaResource(ConfigurableResource):
@@ -139,8 +158,10 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
         return EnvVar(name) if name else None
 
     return {
-        "spark": LazyPySparkResource(
-            spark_config=spark_config(config.spark.master, config.spark.remote, config.spark.conf)),
+        "spark": SparkResource(
+            spark_config=spark_config(config.spark.master, config.spark.remote, config.spark.conf),
+            local_server=config.spark.uses_local_server,
+            local_server_idle_timeout_s=config.spark.local_server_idle_timeout_s),
         "kafka": KafkaResource(
             bootstrap_servers=kafka.bootstrap_servers,
             group_id=kafka.group_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from cdc_assets.demo.events import Record
 from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.spark import has_delta, spark_config
+from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, ensure_local_server, stop_all
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
 
 # Copies of ../shared/data/debezium-captures (real Debezium events, Apache License 2.0; see their README).
@@ -30,11 +32,24 @@ def broker() -> Iterator[LocalBroker]:
         yield local_broker
 
 
+@pytest.fixture(scope="session", autouse=True)
+def local_spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tests' own directory of local Spark servers (runs in subprocesses inherit it), all stopped
+    at the end: the test sessions and the Dagster runs share one server, as runs do in production."""
+    previous = os.environ.get(SERVER_DIR_ENV_VAR)
+    os.environ[SERVER_DIR_ENV_VAR] = str(tmp_path_factory.mktemp("spark-servers"))
+    yield
+    stop_all()
+    if previous is None:
+        os.environ.pop(SERVER_DIR_ENV_VAR)
+    else:
+        os.environ[SERVER_DIR_ENV_VAR] = previous
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    settings = spark_config("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
-    session = SparkSession.builder.config(map=settings).getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    """A session on the local Spark server of the embedded default's settings."""
+    session = connect(ensure_local_server(spark_config()))
     yield session
     session.stop()
 

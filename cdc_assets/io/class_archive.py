@@ -1,6 +1,6 @@
 """A class-data-sharing (CDS) archive for the local Spark JVM, so short runs start warm.
 
-Every Dagster run of the embedded default starts a fresh JVM, which spends seconds loading and
+Every local JVM (the local Spark server's, or a run's own) spends seconds loading and
 verifying Spark's classes before the first batch. A dynamic CDS archive holds those classes already
 parsed: made once per installation (``scripts/setup`` does it) by running one small merge through
 the project's own decode and fold in a JVM that dumps its loaded classes at exit, then mapped by

@@ -151,6 +151,10 @@ class KafkaSource:
             except BaseException:
                 consumer.unassign()
                 raise
+            # A fetch at the end of a partition is a long poll the broker serves over and over while the
+            # batch is applied (the local broker spends a core on it): stop fetching caught-up partitions
+            # until the next batch. At most records past this batch's end are dropped, to be fetched again.
+            consumer.pause([TopicPartition(topic, p) for p in partitions if end[p] >= high[p]])
         consumed = time.perf_counter()
         records = pa.table(
             {
@@ -184,8 +188,10 @@ class KafkaSource:
             # No record handed out yet since the assignment: the position is unknown (negative).
             if all((tp.offset if tp.offset >= 0 else self._assigned_at.get(tp.partition)) == start[tp.partition]
                    for tp in positions):
+                consumer.resume([TopicPartition(topic, p) for p in partitions])
                 return
         consumer.assign([TopicPartition(topic, p, start[p]) for p in partitions])
+        consumer.resume([TopicPartition(topic, p) for p in partitions])  # a partition may have been paused
         self._assigned_at = dict(start)
 
     def _consume(self, consumer: Consumer, topic: str, pending: set[int], end: dict[int, int],
@@ -236,7 +242,9 @@ class KafkaSource:
     def commit_group_offsets(self, topic: str, offsets: Mapping[int, int]) -> None:
         """Record applied offsets in the consumer group too, so Kafka tools show the lag.
 
-        Informational only: the offsets that count live in the Delta commit.
+        Informational only: the offsets that count live in the Delta commit. Called once per run, not
+        per batch: an offset commit is a write the broker persists (the local one spends seconds of
+        CPU on each).
         """
         if offsets:
             self._client().commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()],

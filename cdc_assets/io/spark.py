@@ -1,4 +1,5 @@
-"""The Spark session factory: local JVM Spark by default, a cluster master or Spark Connect by config."""
+"""Spark session settings and the Arrow hand-over: local Spark by default, a cluster master or Spark
+Connect by config."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pyspark
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.connect.session import SparkSession as ConnectSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 DELTA_JARS_ENV_VAR = "CDC_DELTA_SPARK_JARS"
@@ -20,6 +22,7 @@ CLASS_ARCHIVE_ENV_VAR = "CDC_SPARK_CLASS_ARCHIVE"
 JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
 # Settings for a small machine and short batches; any of them can be overridden in config.
 EMBEDDED_DEFAULTS: dict[str, str] = {
@@ -79,11 +82,18 @@ def has_delta(spark: SparkSession) -> bool:
 
 
 def is_local(spark: SparkSession) -> bool:
-    """Whether the session's JVM runs on this machine (``local[...]`` master), sharing its file system."""
-    try:
-        return spark.sparkContext.master.startswith("local")
-    except Exception:  # Spark Connect sessions have no SparkContext
-        return False
+    """Whether the session's JVM runs on this machine, sharing its file system: a ``local[...]``
+    master, or a Spark Connect server on the loopback interface (the local Spark server)."""
+    if isinstance(spark, ConnectSession):
+        return spark.client._builder.host in LOOPBACK  # the client has no public accessor for it
+    return spark.sparkContext.master.startswith("local")
+
+
+def _cores(spark: SparkSession) -> int:
+    """The local session's cores (a local Spark server runs on this machine's cores)."""
+    if isinstance(spark, ConnectSession):
+        return os.cpu_count() or 2
+    return spark.sparkContext.defaultParallelism
 
 
 @contextlib.contextmanager
@@ -101,6 +111,6 @@ def spark_frame(spark: SparkSession, table: pa.Table) -> Iterator[DataFrame]:
     with tempfile.TemporaryDirectory(prefix="cdc-batch-") as scratch:
         path = os.path.join(scratch, "records.parquet")
         # Spark splits a Parquet file by row groups: one per core, so every core decodes.
-        cores = spark.sparkContext.defaultParallelism
+        cores = _cores(spark)
         pq.write_table(table, path, compression="none", row_group_size=max(1, -(-table.num_rows // cores)))
         yield spark.read.schema(from_arrow_schema(table.schema)).parquet(path)  # a given schema: no footer read

@@ -105,3 +105,4 @@ def test_consecutive_batches_reuse_the_assignment_and_lose_nothing(broker, sourc
         offsets = [o for p, o in zip(again.records["partition"].to_pylist(), again.records["offset"].to_pylist(),
                                      strict=True) if p == partition]
         assert offsets == list(range(first.end_offsets[partition], first.end_offsets[partition] + len(offsets)))
+
