@@ -174,7 +174,8 @@ def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float) 
     try:
         _wait_until_idle(spark, idle_timeout_s)
     finally:
-        # Under the start lock: a client never connects to a server that is on its way out.
+        # The state file goes first, under the start lock: a client from now on starts a new server.
+        # One that read the state a moment before fails within seconds (``connect``).
         with _locked(state_path.with_suffix(".lock")):
             with contextlib.suppress(OSError):
                 state_path.unlink()
