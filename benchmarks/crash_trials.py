@@ -14,6 +14,7 @@ never commits the same offsets twice.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -146,11 +147,17 @@ def main() -> int:
         return 0
 
     from cdc_assets.demo.broker import LocalBroker
+    from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, stop_all
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="cdc-crash-"))
     rng = random.Random(11)
     passed = 0
-    with LocalBroker(work / "broker") as broker:
+    own_server = SERVER_DIR_ENV_VAR not in os.environ  # else a caller's (the tests') server is shared
+    if own_server:
+        os.environ[SERVER_DIR_ENV_VAR] = str(work / "spark-servers")
+    with LocalBroker(work / "broker") as broker, contextlib.ExitStack() as cleanup:
+        if own_server:
+            cleanup.callback(stop_all)
         args.bootstrap = broker.bootstrap_servers
         reference, records = produce(broker.bootstrap_servers, args.events, args.keys, args.partitions, seed=5)
         print(f"{records} records ({args.events} events) over {args.keys} keys, batches of {args.batch}")
