@@ -3,8 +3,9 @@
 import contextlib
 import subprocess
 import sys
+import uuid
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from dagster import AssetKey, materialize
 from deltalake import DeltaTable
 
@@ -131,8 +132,9 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
 
 def test_a_run_drains_a_backlog_in_micro_batches_up_to_its_limit(spark, broker, tmp_path):
     sample_published(broker)
-    config = CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path) + (
-        "batch:\n  max_records: 5\n  max_batches_per_run: 2\n")
+    group = f"drain-{uuid.uuid4().hex[:8]}"
+    config = CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path).replace(
+        "kafka:\n", f"kafka:\n  group_id: {group}\n") + "batch:\n  max_records: 5\n  max_batches_per_run: 2\n"
     defs = build_definitions(parse_config(config))
     products = defs.get_assets_def(KEYS[0])
     path = str(tmp_path / "dbserver1" / "inventory" / "products")
@@ -142,11 +144,22 @@ def test_a_run_drains_a_backlog_in_micro_batches_up_to_its_limit(spark, broker, 
         (event,) = result.get_asset_materialization_events()
         return event.event_specific_data.materialization.metadata
 
+    def group_offset() -> int:
+        """The consumer group's committed offset (committed once per run, for Kafka lag tools)."""
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group})
+        try:
+            (committed,) = consumer.committed([TopicPartition("dbserver1.inventory.products", 0)], timeout=10)
+            return committed.offset
+        finally:
+            consumer.close()
+
     first = run()  # 16 records: two batches of 5, one commit each, then the run stops behind
     assert first["batches"].value == 2 and first["events_read"].value == 10 and not first["caught_up"].value
     assert first["offsets"].value == {"0": {"from": 0, "to": 10, "high_watermark": 16}}
     assert first["delta_version"].value == DeltaTable(path).version() == 2
+    assert group_offset() == 10
     rest = run({"ops": {products.node_def.name: {"config": {"max_batches_per_run": 10}}}})
     assert rest["batches"].value == 2 and rest["events_read"].value == 6 and rest["caught_up"].value
     assert rest["offsets"].value == {"0": {"from": 10, "to": 16, "high_watermark": 16}}
+    assert group_offset() == 16
     assert DeltaTable(path).count() == 10  # as one batch leaves it (test above: 10 rows inserted)

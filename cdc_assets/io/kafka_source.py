@@ -182,17 +182,17 @@ class KafkaSource:
         where this one starts, the records librdkafka already fetched are used instead of fetched
         again (a broker may answer one fetch with the whole backlog). Otherwise: assign anew.
         """
+        continues = False
         assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
         if assigned == {(topic, p) for p in partitions}:
             positions = consumer.position([TopicPartition(topic, p) for p in partitions])
             # No record handed out yet since the assignment: the position is unknown (negative).
-            if all((tp.offset if tp.offset >= 0 else self._assigned_at.get(tp.partition)) == start[tp.partition]
-                   for tp in positions):
-                consumer.resume([TopicPartition(topic, p) for p in partitions])
-                return
-        consumer.assign([TopicPartition(topic, p, start[p]) for p in partitions])
-        consumer.resume([TopicPartition(topic, p) for p in partitions])  # a partition may have been paused
-        self._assigned_at = dict(start)
+            continues = all((tp.offset if tp.offset >= 0 else self._assigned_at.get(tp.partition))
+                            == start[tp.partition] for tp in positions)
+        if not continues:
+            consumer.assign([TopicPartition(topic, p, start[p]) for p in partitions])
+            self._assigned_at = dict(start)
+        consumer.resume([TopicPartition(topic, p) for p in partitions])  # the last batch paused caught-up ones
 
     def _consume(self, consumer: Consumer, topic: str, pending: set[int], end: dict[int, int],
                  high: dict[int, int], columns: dict[str, list], max_records: int, max_bytes: int,
