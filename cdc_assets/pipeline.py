@@ -26,6 +26,7 @@ from cdc_assets.core import (
     decode_change_events,
     derive_layout,
     fold_batch,
+    value_type,
 )
 from cdc_assets.core.envelope import (
     ERROR_COLUMN,
@@ -50,7 +51,7 @@ from cdc_assets.core.transactions import cut_batch
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
 from cdc_assets.io.kafka_source import KafkaSource, RawBatch
-from cdc_assets.io.spark import spark_frame
+from cdc_assets.io.spark import spark_records
 from cdc_assets.io.transactions import ingest_transactions, table_horizon
 
 _SAMPLE = 100
@@ -227,8 +228,10 @@ def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table:
     started = time.perf_counter()
     progress = writer.read_progress(table.target, table.app_id)
     timings["read_progress_s"] = time.perf_counter() - started
+    # Read the next batch while this one is applied; not for tables cut to whole transactions, whose
+    # batches also read the transaction topic with the same consumer.
     raw = source.read_batch(table.topic, progress.offsets if progress else None, limits.max_records,
-                            limits.max_bytes, limits.poll_timeout_s)
+                            limits.max_bytes, limits.poll_timeout_s, read_ahead=table.transaction_log is None)
     timings.update(raw.timings)
     _checkpoint("consumed")
     records = raw.records
@@ -262,10 +265,10 @@ def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table:
 
     commit = replace(commit, key_columns=layout.key_columns)
     mark = time.perf_counter()
-    events_df = scratch.enter_context(spark_frame(spark, events))
+    frame = scratch.enter_context(spark_records(spark, events, value_type(layout)))
     timings["to_spark_s"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    decoded = decode_change_events(events_df, layout)
+    decoded = decode_change_events(frame, layout)
     transactions: dict[str, object] | None = None
     if table.transaction_log is not None:
         cut_offsets, transactions = _whole_transactions(source, table, raw, progress, decoded)

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
+from cdc_assets.core import ChangeEventLayout, value_type
 from cdc_assets.demo.broker import LocalBroker
 from cdc_assets.demo.events import Record
 from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka_source import KafkaSource
-from cdc_assets.io.spark import has_delta, spark_config
+from cdc_assets.io.spark import has_delta, spark_config, spark_records
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, ensure_local_server, stop_all
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
 
@@ -52,6 +55,22 @@ def spark() -> Iterator[SparkSession]:
     session = connect(ensure_local_server(spark_config()))
     yield session
     session.stop()
+
+
+@pytest.fixture
+def hand_over(spark: SparkSession) -> Iterator[Callable[..., DataFrame]]:
+    """Hands (key, value) records to Spark as the merge path does (``io.spark.spark_records``), values
+    parsed for a layout, at offsets 0, 1, ...; the frames stay readable until the test ends."""
+    with contextlib.ExitStack() as frames:
+        def frame(records: Sequence[Record], layout: ChangeEventLayout, partition: int = 0) -> DataFrame:
+            table = pa.table({
+                "partition": pa.array([partition] * len(records), pa.int32()),
+                "offset": pa.array(range(len(records)), pa.int64()),
+                "key": pa.array([k for k, _ in records], pa.binary()),
+                "value": pa.array([v for _, v in records], pa.binary()),
+            })
+            return frames.enter_context(spark_records(spark, table, value_type(layout)))
+        yield frame
 
 
 @pytest.fixture(params=["delta-rs", "delta-spark"])

@@ -1,7 +1,8 @@
 """Decoding Debezium change events (key + envelope) into typed rows, as Spark column logic.
 
-Input: a DataFrame of raw Kafka records ``partition, offset, key, value`` (binary, tombstones
-already removed). Output: one row per event with the table's columns, the hidden ``_cdc_*``
+Input: a DataFrame of Kafka records ``partition, offset, key, value`` (tombstones already
+removed), the value parsed as ``value_type(layout)`` by Spark's JSON reader (``io.spark``).
+Output: one row per event with the table's columns, the hidden ``_cdc_*``
 columns, the Kafka coordinates and ``_cdc_error``: the reason an event cannot be applied, or null.
 
 Values are accepted with or without the JSON converter's ``schema``/``payload`` wrapper, decided
@@ -25,7 +26,7 @@ from cdc_assets.core.layout import (
     SOURCE_TS_COLUMN,
     ChangeEventLayout,
 )
-from cdc_assets.core.position import event_position
+from cdc_assets.core.position import POSITION_FIELDS, event_position
 from cdc_assets.core.types import convert, is_nested
 
 PARTITION_COLUMN = "_kafka_partition"
@@ -36,19 +37,16 @@ PATCH_COLUMN = "_cdc_patch"  # MongoDB only
 TRANSACTION_COLUMN = "_cdc_transaction_id"
 KNOWN_OPS = ("c", "u", "d", "r")
 
-SOURCE_TYPE = T.StructType(
-    [
-        T.StructField(name, T.StringType())
-        for name in (
-            "version", "connector", "name", "ts_ms", "snapshot", "db", "schema", "table",
-            "lsn", "sequence", "txId", "commit_lsn", "change_lsn", "event_serial_no",
-            "rs", "collection", "ord", "file", "pos", "row", "scn", "commit_scn",
-        )
-    ]
-)
-TRANSACTION_TYPE = T.StructType(
-    [T.StructField(name, T.StringType()) for name in ("id", "total_order", "data_collection_order")]
-)
+TRANSACTION_TYPE = T.StructType([T.StructField("id", T.StringType())])
+
+
+def source_type(kind: str) -> T.StructType:
+    """The ``source`` fields a connector ``kind``'s events are read for: the change's time, whether
+    it is a snapshot read, and the fields of its position. Jackson skips the others unconverted."""
+    if kind not in POSITION_FIELDS:
+        raise ValueError(f"unknown connector kind '{kind}'")
+    names = dict.fromkeys(("ts_ms", "snapshot", *POSITION_FIELDS[kind]))
+    return T.StructType([T.StructField(name, T.StringType()) for name in names])
 
 
 DOCUMENT_TYPE = "map<string,variant>"
@@ -102,47 +100,54 @@ def _as_parsed(row_type: T.StructType) -> T.StructType:
 
 def envelope_type(layout: ChangeEventLayout) -> T.StructType:
     """The Spark type an envelope parses as, for this table's layout."""
-    image: T.DataType = T.StringType() if layout.kind == "mongodb" else _as_parsed(layout.row_type)
+    mongodb = layout.kind == "mongodb"
+    image: T.DataType = T.StringType() if mongodb else _as_parsed(layout.row_type)
     return T.StructType(
         [
             T.StructField("before", image),
             T.StructField("after", image),
             T.StructField("op", T.StringType()),
-            T.StructField("ts_ms", T.StringType()),
-            T.StructField("source", SOURCE_TYPE),
+            T.StructField("source", source_type(layout.kind)),
             T.StructField("transaction", TRANSACTION_TYPE),
-            T.StructField("patch", T.StringType()),
-            T.StructField("filter", T.StringType()),
+            *([T.StructField("patch", T.StringType())] if mongodb else []),
         ]
     )
 
 
-def _parse_either(text: Column, body: T.StructType) -> Column:
-    """Parse JSON that is either ``body`` itself or ``{"schema": ..., "payload": body}``, in one pass."""
-    return F.from_json(text, T.StructType([T.StructField("payload", body), *body.fields]))
+def _either(body: T.StructType) -> T.StructType:
+    """The type of JSON that is either ``body`` itself or ``{"schema": ..., "payload": body}``: parsed in one pass."""
+    return T.StructType([T.StructField("payload", body), *body.fields])
+
+
+def value_type(layout: ChangeEventLayout) -> T.StructType:
+    """The Spark type a record value parses as, for this table's layout: the envelope, wrapped or not."""
+    return _either(envelope_type(layout))
 
 
 def _field(parsed: Column, name: str) -> Column:
-    """Field ``name`` of ``_parse_either``'s result: the payload's if wrapped, else the value's own.
+    """Field ``name`` of JSON parsed as ``_either``: the payload's if wrapped, else the value's own.
 
     ``parsed`` should be a column reference: an expression here would be evaluated once per use.
     """
     return F.when(parsed["payload"].isNotNull(), parsed["payload"][name]).otherwise(parsed[name])
 
 
-def decode_change_events(raw: DataFrame, layout: ChangeEventLayout) -> DataFrame:
-    """Decode raw records into one typed row per change event, with ``_cdc_error`` per event."""
+def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataFrame:
+    """Decode records into one typed row per change event, with ``_cdc_error`` per event.
+
+    ``records``: ``partition, offset``, ``key`` (JSON text) and ``value`` parsed as ``value_type(layout)``
+    (null where the value is not a JSON object), as ``io.spark.spark_records`` hands them over.
+    """
     body = envelope_type(layout)
-    # Two projections: the value is parsed once, then each envelope field picked from its payload (or itself).
-    events = raw.select(
+    events = records.select(
         F.col("partition").alias(PARTITION_COLUMN),
         F.col("offset").alias(OFFSET_COLUMN),
-        _parse_either(F.col("value").cast("string"), body).alias("_value"),
         "key",
-    ).select(PARTITION_COLUMN, OFFSET_COLUMN, "key", F.col("_value").isNotNull().alias("_env_is_object"),
-             *[_field(F.col("_value"), f.name).alias(f"_env_{f.name}") for f in body.fields])
+        F.col("value").isNotNull().alias("_env_is_object"),
+        *[_field(F.col("value"), f.name).alias(f"_env_{f.name}") for f in body.fields],
+    )
     # Parsed lazily, inside coalesce: only events whose row image lacks a key column pay for it.
-    key = _parse_either(F.col("key").cast("string"), _as_parsed(layout.key_type))
+    key = F.from_json(F.col("key"), _either(_as_parsed(layout.key_type)))
     env = {f.name: F.col(f"_env_{f.name}") for f in body.fields}
     op = env["op"]
     image = F.when(op == "d", env["before"]).otherwise(env["after"])

@@ -22,6 +22,16 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+# The source fields each kind's position reads (``source_position``).
+POSITION_FIELDS: dict[str, tuple[str, ...]] = {
+    "postgresql": ("lsn", "sequence"),
+    "sqlserver": ("commit_lsn", "change_lsn", "event_serial_no"),
+    "db2": ("commit_lsn", "change_lsn"),
+    "mongodb": ("ts_ms", "ord"),
+    "mysql": ("file", "pos", "row"),
+    "oracle": ("commit_scn", "scn"),
+}
+
 _LSN_PARTS = 3
 _LSN_PART_WIDTH = 16
 _NUMBER_WIDTH = 20

@@ -22,15 +22,15 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from cdc_assets.core import decode_change_events, derive_layout, fold_batch
+from cdc_assets.core import decode_change_events, derive_layout, fold_batch, value_type
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
-from cdc_assets.io.spark import JAVA_OPTIONS, class_archive_path, spark_config, spark_frame
+from cdc_assets.io.spark import JAVA_OPTIONS, class_archive_path, spark_config, spark_records
 
 _DUMP_ENV_VAR = "CDC_CLASS_ARCHIVE_DUMP"
 
 
 def _workload() -> None:
-    """One small batch through the merge path's Spark work: Parquet hand-over, decode, fold, Arrow."""
+    """One small batch through the merge path's Spark work: JSON hand-over, decode, fold, Arrow."""
     events = [(encode_key({"id": i % 50}), envelope("u" if i >= 50 else "c", None,
                                                     {"id": i % 50, "name": f"n{i}", "qty": i},
                                                     postgres_source(1000 + i, 1_700_000_000_000 + i, "public", "t"),
@@ -45,7 +45,7 @@ def _workload() -> None:
     # The runtime's JVM options plus the dump, so the archive is made by a JVM like the ones that map it.
     options = f"{settings.get(JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={os.environ[_DUMP_ENV_VAR]}"
     spark = SparkSession.builder.config(map={**settings, JAVA_OPTIONS: options.strip()}).getOrCreate()
-    with spark_frame(spark, records) as frame:
+    with spark_records(spark, records, value_type(layout)) as frame:
         fold_batch(decode_change_events(frame, layout), layout)
     jvm = spark.sparkContext._gateway.proc  # type: ignore[union-attr]
     spark.stop()

@@ -33,6 +33,8 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from cdc_assets.io.spark import without_class_archive
+
 SERVER_DIR_ENV_VAR = "CDC_SPARK_SERVER_DIR"
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 _POLL_S = 5.0
@@ -95,7 +97,13 @@ def _locked(path: Path) -> Iterator[None]:
 
 def ensure_local_server(settings: Mapping[str, str], idle_timeout_s: float = 900.0,
                         start_timeout_s: float = 180.0) -> str:
-    """The Spark Connect URL of the local server for ``settings``, starting one if none runs."""
+    """The Spark Connect URL of the local server for ``settings``, starting one if none runs.
+
+    The server does not map the class archive (``cdc_assets.io.class_archive``): it starts once and
+    then serves many runs, while the archive, relocated in memory, holds ~170 MB for as long as the
+    JVM lives.
+    """
+    settings = without_class_archive(settings)
     key = fingerprint(settings)
     base = server_dir()
     state_path = base / f"{key}.json"
@@ -121,6 +129,9 @@ def connect(url: str) -> SparkSession:
 
     session = SparkSession.builder.remote(url).create()
     session.client.set_retry_policies([DefaultPolicy(max_retries=4)])
+    # Reattachable execution survives dropped connections to a remote server, at the price of a
+    # release call per response and threads to make them: nothing to survive on the loopback.
+    session.client.disable_reattachable_execute()
     return session
 
 

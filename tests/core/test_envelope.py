@@ -2,7 +2,6 @@
 
 import json
 
-import pyarrow as pa
 import pytest
 
 from cdc_assets.core import decode_change_events, derive_layout, fold_batch
@@ -12,64 +11,54 @@ from cdc_assets.demo.events import encode_key, envelope, postgres_source, sqlser
 SOURCE = postgres_source(100, 1_700_000_000_000, "inventory", "products")
 
 
-def raw_frame(spark, records, partition=0):
-    table = pa.table({
-        "partition": pa.array([partition] * len(records), pa.int32()),
-        "offset": pa.array(range(len(records)), pa.int64()),
-        "key": pa.array([k for k, _ in records], pa.binary()),
-        "value": pa.array([v for _, v in records], pa.binary()),
-    })
-    return spark.createDataFrame(table)
-
-
 def fold(events, layout):
     """Folded rows (as dicts) and the batch summary."""
     rows, summary = fold_batch(events, layout)
     return rows.to_pylist(), summary
 
 
-def decode(spark, kind, records, **layout_options):
+def decode(hand_over, kind, records, **layout_options):
     layout = derive_layout(kind, [k for k, _ in records if k], [v for _, v in records if v], **layout_options)
-    return layout, decode_change_events(raw_frame(spark, records), layout)
+    return layout, decode_change_events(hand_over(records, layout), layout)
 
 
-def test_wrapped_and_bare_values_decode_to_the_same_rows(spark):
+def test_wrapped_and_bare_values_decode_to_the_same_rows(hand_over):
     row = {"id": 7, "name": "hammer", "weight": 0.75}
     bare = (encode_key({"id": 7}), envelope("c", None, row, SOURCE, 1))
     wrapped = (encode_key({"id": 7}, with_schema=True), envelope("c", None, row, SOURCE, 1, with_schema=True))
     for records in ([bare], [wrapped]):
-        _, events = decode(spark, "postgresql", records)
+        _, events = decode(hand_over, "postgresql", records)
         got = events.select("id", "name", "weight", "_cdc_op", "_cdc_error").first().asDict()
         assert got == {"id": 7, "name": "hammer", "weight": 0.75, "_cdc_op": "c", "_cdc_error": None}
 
 
-def test_connect_schema_gives_the_column_types(spark):
+def test_connect_schema_gives_the_column_types(hand_over):
     record = (encode_key({"id": 1}, with_schema=True),
               envelope("r", None, {"id": 1, "qty": 3, "price": 1.5, "ok": True}, SOURCE, 1, with_schema=True))
-    layout, events = decode(spark, "postgresql", [record])
+    layout, events = decode(hand_over, "postgresql", [record])
     assert {f.name: f.dataType.simpleString() for f in layout.row_type.fields} == {
         "id": "bigint", "qty": "bigint", "price": "double", "ok": "boolean"}
     assert events.select("qty", "ok").first().asDict() == {"qty": 3, "ok": True}
 
 
-def test_numbers_sent_as_strings_parse_into_their_declared_type(spark):
+def test_numbers_sent_as_strings_parse_into_their_declared_type(hand_over):
     # Seed 004's incremental snapshot read: {"pk": "1", "value": "New data"}, ts_ms as a string.
     value = json.dumps({"before": None, "after": {"pk": "1", "value": "New data"},
                         "source": {"snapshot": "incremental", "change_lsn": "00000025:00000d08:0025",
                                    "commit_lsn": "00000025:00000d08:0025", "ts_ms": "1620393591654"},
                         "op": "r", "ts_ms": "1620393591654", "transaction": None}).encode()
-    _, events = decode(spark, "db2", [(encode_key({"pk": 1}), value)], configured_columns={"pk": "int",
+    _, events = decode(hand_over, "db2", [(encode_key({"pk": 1}), value)], configured_columns={"pk": "int",
                                                                                            "value": "string"})
     row = events.first()
     assert (row["pk"], row["value"], row["_cdc_snapshot"], row["_cdc_error"]) == (1, "New data", "incremental", None)
     assert row["_cdc_source_ts"].year == 2021
 
 
-def test_delete_without_before_image_takes_its_key_from_the_record_key(spark):
+def test_delete_without_before_image_takes_its_key_from_the_record_key(hand_over):
     # PostgreSQL REPLICA IDENTITY DEFAULT: the delete names no row in its value.
     records = [(encode_key({"id": 111}), envelope("c", None, {"id": 111, "name": "x"}, SOURCE, 1)),
                (encode_key({"id": 111}), envelope("d", None, None, {**SOURCE, "lsn": 200}, 2))]
-    layout, events = decode(spark, "postgresql", records)
+    layout, events = decode(hand_over, "postgresql", records)
     rows, summary = fold(events, layout)
     assert [(r["id"], r["_cdc_op"]) for r in rows] == [(111, "d")]
     assert (summary.creates, summary.deletes, summary.events) == (1, 1, 2)
@@ -82,20 +71,20 @@ def test_delete_without_before_image_takes_its_key_from_the_record_key(spark):
     (json.dumps({"op": "c", "after": {"id": 1, "qty": "many"}, "source": {}}).encode(),
      "column 'qty' value does not fit type bigint"),
 ])
-def test_bad_events_are_flagged_with_their_reason(spark, value, reason):
+def test_bad_events_are_flagged_with_their_reason(hand_over, value, reason):
     good = (encode_key({"id": 1}), envelope("c", None, {"id": 1, "qty": 2}, SOURCE, 1))
     records = [good, (encode_key({"id": 1}), value)]
-    layout, events = decode(spark, "postgresql", records, configured_columns={"id": "bigint", "qty": "bigint"})
+    layout, events = decode(hand_over, "postgresql", records, configured_columns={"id": "bigint", "qty": "bigint"})
     rows, summary = fold(events, layout)
     assert [(e.offset, e.reason) for e in summary.bad_events] == [(1, reason)]
     assert summary.creates == 1
     assert [(r["id"], r["qty"]) for r in rows] == [(1, 2)]  # a bad event never wins the fold
 
 
-def test_missing_key_is_flagged(spark):
+def test_missing_key_is_flagged(hand_over):
     records = [(None, envelope("c", None, {"name": "no id"}, SOURCE, 1))]
     layout = derive_layout("postgresql", [], [records[0][1]], configured_keys=["id"])
-    rows, summary = fold(decode_change_events(raw_frame(spark, records), layout), layout)
+    rows, summary = fold(decode_change_events(hand_over(records, layout), layout), layout)
     assert rows == [] and summary.bad_events[0].reason.startswith("cannot extract key column(s) ['id']")
 
 
@@ -104,13 +93,13 @@ def test_no_key_anywhere_is_a_layout_error():
         derive_layout("postgresql", [], [envelope("c", None, {"a": 1}, SOURCE, 1)])
 
 
-def test_sqlserver_primary_key_change_in_one_batch_removes_the_old_key(spark):
+def test_sqlserver_primary_key_change_in_one_batch_removes_the_old_key(hand_over):
     old, new = {"id": 1, "v": "a"}, {"id": 2, "v": "a"}
     src = sqlserver_source("00000027:00000758:0005", "00000027:00000758:0003", 1, 5, "dbo", "t")
     records = [(encode_key({"id": 1}), envelope("d", old, None, src, 5)),
                (encode_key({"id": 1}), None),
                (encode_key({"id": 2}), envelope("c", None, new, {**src, "event_serial_no": 2}, 5))]
     records = [r for r in records if r[1] is not None]
-    layout, events = decode(spark, "sqlserver", records)
+    layout, events = decode(hand_over, "sqlserver", records)
     rows, _ = fold(events, layout)
     assert sorted((r["id"], r["_cdc_op"]) for r in rows) == [(1, "d"), (2, "c")]

@@ -4,14 +4,15 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cdc_assets.core.envelope import SOURCE_TYPE
+from cdc_assets.core.envelope import source_type
 from cdc_assets.core.position import event_position
 
 
 def positions(spark, kind, sources, partition=0):
-    rows = [(i, {**dict.fromkeys(SOURCE_TYPE.fieldNames()), **s}) for i, s in enumerate(sources)]
+    source = source_type(kind)
+    rows = [(i, {**dict.fromkeys(source.fieldNames()), **s}) for i, s in enumerate(sources)]
     df = spark.createDataFrame(rows, T.StructType([T.StructField("offset", T.LongType()),
-                                                   T.StructField("source", SOURCE_TYPE)]))
+                                                   T.StructField("source", source)]))
     df = df.select(event_position(F.col("source"), kind, F.lit(partition), F.col("offset")).alias("p"))
     return [row.p for row in df.collect()]
 

@@ -9,7 +9,6 @@ import pytest
 
 from cdc_assets.core import decode_change_events, derive_layout
 from cdc_assets.core.layout import LayoutError
-from tests.core.test_envelope import raw_frame
 
 
 def unscaled_bytes(value: int) -> str:
@@ -57,10 +56,10 @@ def wrapped(fields, values, op="c"):
     return json.dumps({"schema": schema, "payload": payload}).encode()
 
 
-def test_logical_types_convert(spark):
+def test_logical_types_convert(hand_over):
     value = wrapped([f for f, _, _ in FIELDS], {f["field"]: v for f, v, _ in FIELDS})
     layout = derive_layout("postgresql", [b'{"id": 1}'], [value])
-    row = decode_change_events(raw_frame(spark, [(b'{"id": 1}', value)]), layout).first().asDict(recursive=True)
+    row = decode_change_events(hand_over([(b'{"id": 1}', value)], layout), layout).first().asDict(recursive=True)
     assert row["_cdc_error"] is None
     for field, _, expected in FIELDS:
         got = row[field["field"]]
@@ -68,11 +67,11 @@ def test_logical_types_convert(spark):
         assert got == expected, field["field"]
 
 
-def test_a_value_that_does_not_fit_is_a_bad_event(spark):
+def test_a_value_that_does_not_fit_is_a_bad_event(hand_over):
     fields = [{"type": "int32", "field": "id"}, {"type": "int32", "name": "io.debezium.time.Date", "field": "d"}]
     value = wrapped(fields, {"id": 1, "d": "yesterday"})
     layout = derive_layout("postgresql", [b'{"id": 1}'], [value])
-    row = decode_change_events(raw_frame(spark, [(b'{"id": 1}', value)]), layout).first()
+    row = decode_change_events(hand_over([(b'{"id": 1}', value)], layout), layout).first()
     assert row["_cdc_error"] == "column 'd' value does not fit type date"
 
 

@@ -106,3 +106,35 @@ def test_consecutive_batches_reuse_the_assignment_and_lose_nothing(broker, sourc
                                      strict=True) if p == partition]
         assert offsets == list(range(first.end_offsets[partition], first.end_offsets[partition] + len(offsets)))
 
+
+
+def test_a_batch_read_ahead_is_taken_only_where_it_starts(broker, source):
+    """The next batch is read while this one is applied; a batch asked from anywhere else (this one
+    failed, say) is read anew, and other calls wait for the read ahead first."""
+    topic = new_topic(broker, "src.ahead", partitions=2)
+    produce(broker, topic, records(30, "a"), partition=0)
+    produce(broker, topic, records(30, "b"), partition=1)
+
+    def read(start):
+        return source.read_batch(topic, start, max_records=25, max_bytes=10**9, poll_timeout_s=10, read_ahead=True)
+
+    def runs(batch):
+        """Each partition's offsets, checked contiguous from the batch's start."""
+        by_partition = {}
+        for p, o in zip(batch.records["partition"].to_pylist(), batch.records["offset"].to_pylist(), strict=True):
+            by_partition.setdefault(p, []).append(o)
+        for p, offsets in by_partition.items():
+            assert offsets == list(range(batch.start_offsets[p], batch.end_offsets[p]))
+        return by_partition
+
+    first = read(None)
+    assert source._ahead is not None  # reading the second batch already
+    second = read(first.end_offsets)  # the one read ahead
+    assert second.start_offsets == first.end_offsets
+    retried = read(first.end_offsets)  # second "failed": asked again, read anew from the same start
+    assert runs(retried) == runs(second) and retried.end_offsets == second.end_offsets
+    assert source.partitions(topic) == [0, 1]  # waits for the read ahead, then uses the consumer
+    rest = read(second.end_offsets)
+    seen = sorted((p, o) for batch in (first, second, rest) for p, offsets in runs(batch).items() for o in offsets)
+    assert seen == sorted([(0, o) for o in range(30)] + [(1, o) for o in range(30)])
+    assert rest.caught_up and source._ahead is None  # nothing left to read ahead

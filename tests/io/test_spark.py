@@ -1,26 +1,72 @@
-"""The Spark session settings and the Arrow -> Spark hand-over."""
+"""The Spark session settings and the hand-over of Kafka records to Spark."""
 
 import os
 
 import pyarrow as pa
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from cdc_assets.io.spark import CLASS_ARCHIVE_ENV_VAR, spark_config, spark_frame
+from cdc_assets.io.spark import (
+    CLASS_ARCHIVE_ENV_VAR,
+    parsed_from_files,
+    parsed_in_spark,
+    spark_config,
+    spark_records,
+)
+
+VALUE_TYPE = T.StructType([T.StructField("payload", T.StructType([T.StructField("op", T.StringType())])),
+                           T.StructField("op", T.StringType()),
+                           T.StructField("after", T.StructType([T.StructField("name", T.StringType())]))])
+# (key, value): values the JSON reader must take as Debezium sends them or flag, keys of any bytes.
+AWKWARD = [
+    (b'{"id": 1}', b'{"op": "c", "after": {"name": "plain"}}'),
+    (b'{"id": "say \\"hi\\" \\\\ there"}', b'{"schema": {}, "payload": {"op": "u"}}'),
+    (None, b'{\n  "op": "r",\r\n  "after": {"name": "pretty-printed"}\n}'),
+    (b"not json \x01 \x1e key", b'{"op": "c", "after": {"name": "caf\xc3\xa9 \xff"}}'),
+    (b'{"id": 5}', b"not json"),
+    (b'{"id": 6}', b""),
+    (b'{"id": 7}', b"[1, 2]"),
+    (b'{"id": 8}', b"null"),
+    (b'{"id": 9}', b'{"op": "c", "after": "a string, not a row"}'),
+    (b'{"id": 10}', b'{"op": "c", "after": {"name": "sep\x1einside"}}'),
+    (b'{"id": 11}', b'{"op": "d"}'),
+    (b'{"id": 12}', b"{}"),
+    (b'{"id": 13}', b'{"op": "c"} trailing'),
+]
 
 
-def test_spark_frame_hands_over_every_record_split_across_the_cores(spark):
-    # 10 MB: Spark packs files under 4 MB per core into one split, whatever their row groups.
-    records = pa.table({"partition": pa.array([0, 1, 2, 0] * 250, pa.int32()),
-                        "offset": pa.array(range(1000), pa.int64()),
-                        "key": pa.array([b'{"id": %d}' % i for i in range(1000)], pa.binary()),
-                        "value": pa.array([None if i % 7 == 0 else b"v%d" % i + b" " * 10_000 for i in range(1000)],
-                                          pa.binary())})
-    with spark_frame(spark, records) as frame:
+def records_table(pairs, partitions=3):
+    return pa.table({"partition": pa.array([i % partitions for i in range(len(pairs))], pa.int32()),
+                     "offset": pa.array(range(100, 100 + len(pairs)), pa.int64()),
+                     "key": pa.array([k for k, _ in pairs], pa.binary()),
+                     "value": pa.array([v for _, v in pairs], pa.binary())})
+
+
+def test_local_files_and_from_json_hand_over_the_same_records(spark, tmp_path):
+    records = records_table(AWKWARD)
+    from_files = parsed_from_files(spark, records, VALUE_TYPE, tmp_path).toArrow().sort_by("offset")
+    in_spark = parsed_in_spark(spark, records, VALUE_TYPE).toArrow().sort_by("offset")
+    assert from_files.to_pylist() == in_spark.to_pylist()
+    rows = {row["offset"] - 100: row for row in from_files.to_pylist()}
+    assert [rows[i]["partition"] for i in range(len(AWKWARD))] == [i % 3 for i in range(len(AWKWARD))]
+    assert [rows[i]["key"] for i in range(len(AWKWARD))] == [
+        None if k is None else k.decode("utf-8", "replace") for k, _ in AWKWARD]
+    assert rows[0]["value"] == {"payload": None, "op": "c", "after": {"name": "plain"}}
+    assert rows[1]["value"]["payload"] == {"op": "u"}
+    assert rows[2]["value"]["after"] == {"name": "pretty-printed"}
+    assert rows[3]["value"]["after"] == {"name": "caf\u00e9 \ufffd"}
+    assert [rows[i]["value"] for i in (4, 5, 6, 7)] == [None] * 4  # not a JSON object
+    assert rows[9]["value"] is None  # a raw control character: not JSON
+    assert rows[10]["value"] == {"payload": None, "op": "d", "after": None}
+    assert rows[11]["value"] == {"payload": None, "op": None, "after": None}  # an object, with no envelope field
+    assert rows[12]["value"]["op"] == "c"  # as from_json reads it: the object, other text after it ignored
+
+
+def test_spark_records_splits_a_batch_across_the_cores(spark):
+    pairs = [(b'{"id": %d}' % i, b'{"op": "c", "after": {"name": "%s"}}' % (b"x" * 10_000)) for i in range(1000)]
+    with spark_records(spark, records_table(pairs), VALUE_TYPE) as frame:
         assert frame.select(F.spark_partition_id()).distinct().count() == os.cpu_count()
-        back = frame.toArrow().sort_by("offset")
-    assert back.column_names == records.column_names
-    for name in records.column_names:
-        assert back[name].to_pylist() == records[name].to_pylist()
+        assert frame.where(F.col("value.after.name").isNotNull()).count() == 1000
 
 
 def test_class_archive_is_mapped_by_local_jvms_only(tmp_path, monkeypatch):

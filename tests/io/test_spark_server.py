@@ -1,15 +1,28 @@
 """The local Spark server: shared per settings, replaced when gone, stopped when idle."""
 
+import contextlib
 import os
 import signal
 import time
 
-from cdc_assets.io.spark import spark_config
+import psutil
+
+from cdc_assets.io.spark import spark_config, without_class_archive
 from cdc_assets.io.spark_server import connect, ensure_local_server, fingerprint, running_servers
 
 
 def _server(settings):
-    return next((state for path, state in running_servers() if path.stem == fingerprint(settings)), None)
+    key = fingerprint(without_class_archive(settings))
+    return next((state for path, state in running_servers() if path.stem == key), None)
+
+
+def _commands(pid):
+    """The command lines of a process's descendants (ones gone meanwhile left out)."""
+    commands = []
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            commands.append(child.cmdline())
+    return commands
 
 
 def test_sessions_with_the_same_settings_share_one_server(spark):
@@ -19,6 +32,10 @@ def test_sessions_with_the_same_settings_share_one_server(spark):
     state = _server(spark_config())
     assert state is not None and url.endswith(f":{state['port']}")
     assert spark.client._builder.endpoint == f"127.0.0.1:{state['port']}"
+    # With or without the class archive: a long-lived server does not map it (RSS it would hold).
+    assert url == ensure_local_server(spark_config(use_class_archive=False))
+    jvms = [command for command in _commands(state["pid"]) if command and command[0].endswith("java")]
+    assert jvms and not any("SharedArchiveFile" in " ".join(command) for command in jvms)
 
 
 def test_an_idle_server_stops_itself_and_a_gone_one_is_replaced():
