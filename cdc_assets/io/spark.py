@@ -221,6 +221,9 @@ def _json_lines(records: pa.Table) -> pa.Array:
 
 def _write_parts(lines: pa.Array, directory: Path, parts: int) -> None:
     """Write ``lines`` to ``parts`` files of about equal line counts, so that every core parses."""
+    if not len(lines):
+        (directory / "part-0.json").write_bytes(b"")
+        return
     offsets = memoryview(lines.buffers()[1]).cast("q")[lines.offset:]  # large_string: 64-bit offsets
     data = memoryview(lines.buffers()[2] or b"")
     per_part = max(1, -(-len(lines) // parts))
