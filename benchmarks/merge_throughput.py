@@ -272,7 +272,6 @@ def main() -> None:
         finally:
             stop_all()
     report(results, events)
-    report(results, events)
 
 
 def run_child(variant: str, label: str, batch: int, broker: LocalBroker, run_dir: Path,

@@ -151,8 +151,9 @@ connectors:
                 if not ok:
                     raise SystemExit(f"run {runs} of cdc_merge_job failed")
                 # Started by the first fresh run, it outlives it (not a child of this process: counted apart).
-                if server_rss is None and args.runs_in == "fresh" and running_servers():
-                    server_rss = stack.enter_context(PeakRss(exclude_pid=-1, pid=running_servers()[0][1]["pid"]))
+                servers = running_servers() if server_rss is None and args.runs_in == "fresh" else []
+                if servers:
+                    server_rss = stack.enter_context(PeakRss(exclude_pid=-1, pid=servers[0][1]["pid"]))
                 progress = DeltaRsWriter().read_progress(table.target, table.app_id)
                 for partition, end in (progress.offsets if progress else {}).items():
                     for offset in range(committed.get(partition, 0), end):

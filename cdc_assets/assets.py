@@ -167,8 +167,7 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits,
         if applied:
             kafka.source().commit_group_offsets(table.topic, applied[-1].raw.end_offsets)
         metadata = report_metadata(reports)
-        if table.transaction_log is not None and table.watermarks is not None and any(
-                r.outcome is not None for r in reports):
+        if table.transaction_log is not None and table.watermarks is not None and applied:
             watermark = update_watermark(table.connector, table.transaction_log, peers or {}, table.watermarks)
             if watermark is not None:
                 metadata["consistent_watermark"] = MetadataValue.json({

@@ -2,8 +2,8 @@
 
 Input: a DataFrame of Kafka records ``partition, offset, key, value`` (tombstones already
 removed), the value parsed as ``value_type(layout)`` by Spark's JSON reader (``io.spark``).
-Output: one row per event with the table's columns, the hidden ``_cdc_*``
-columns, the Kafka coordinates and ``_cdc_error``: the reason an event cannot be applied, or null.
+Output: one row per event with the table's columns, the hidden ``_cdc_*`` columns, the Kafka
+coordinates and ``_cdc_error``: the reason an event cannot be applied, or null.
 
 Values are accepted with or without the JSON converter's ``schema``/``payload`` wrapper, decided
 per event. Row columns are read as JSON text and then converted (``core.types``), so numbers sent

@@ -150,23 +150,24 @@ class KafkaSource:
     def _take_ahead(self, request: tuple) -> RawBatch | None:
         """The batch read ahead, if it is the one asked for. Its timings: what the caller waited
         (``consume_s``) and what the read took in the background (``read_ahead_s``)."""
-        if self._ahead is None:
-            return None
-        (asked, read), self._ahead = self._ahead, None
         started = time.perf_counter()
-        try:
-            batch = read.result()
-        except Exception:  # read again in the foreground, which raises the error to the caller
-            return None
-        if asked != request:
+        asked, batch = self._settle()
+        if batch is None or asked != request:
             return None
         waited = time.perf_counter() - started
         return replace(batch, timings={"consume_s": waited, "read_ahead_s": sum(batch.timings.values())})
 
-    def _settle(self) -> None:
-        """Wait for a read ahead and drop it: the caller uses the consumer next."""
-        if self._ahead is not None:
-            self._take_ahead(())
+    def _settle(self) -> tuple[tuple | None, RawBatch | None]:
+        """Wait for a read ahead and drop it, the caller using the consumer next: what it was asked
+        for and what it read (None when there was none, or it failed: read again in the foreground,
+        which raises the error to the caller)."""
+        if self._ahead is None:
+            return None, None
+        (asked, read), self._ahead = self._ahead, None
+        try:
+            return asked, read.result()
+        except Exception:
+            return asked, None
 
     def _read(self, topic: str, start_offsets: Mapping[int, int] | None, max_records: int, max_bytes: int,
               poll_timeout_s: float) -> RawBatch:
