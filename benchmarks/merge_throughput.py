@@ -160,7 +160,7 @@ def run_project(bootstrap: str, batch: int, work: Path, local_server: bool = Tru
     from cdc_assets.definitions import build_definitions
 
     config = load_config(config_path)
-    settings = spark_config(config.spark.master, conf=config.spark.conf)
+    settings = spark_config(config.spark.master, conf=config.spark.conf, use_class_archive=not local_server)
     if local_server:
         started = time.perf_counter()
         connect(ensure_local_server(settings)).range(1).count()  # the run's own session comes next

@@ -159,7 +159,8 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
 
     return {
         "spark": SparkResource(
-            spark_config=spark_config(config.spark.master, config.spark.remote, config.spark.conf),
+            spark_config=spark_config(config.spark.master, config.spark.remote, config.spark.conf,
+                                      use_class_archive=not config.spark.uses_local_server),
             local_server=config.spark.uses_local_server,
             local_server_idle_timeout_s=config.spark.local_server_idle_timeout_s),
         "kafka": KafkaResource(

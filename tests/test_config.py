@@ -4,6 +4,8 @@ import pytest
 
 from cdc_assets.catalog import resolve_tables
 from cdc_assets.config import DEMO_CONFIG_PATH, ConfigError, load_config, parse_config
+from cdc_assets.io.spark import CLASS_ARCHIVE_ENV_VAR, JAVA_OPTIONS
+from cdc_assets.resources import build_resources
 
 VALID = """\
 kafka:
@@ -92,3 +94,16 @@ def test_scd2_is_refused_for_mongodb_collections_at_load():
         "        key_columns: [order_id]\n", "        key_columns: [order_id]\n        apply_mode: scd2\n")
     with pytest.raises(ConfigError, match="apply_mode scd2 is not supported for MongoDB collections"):
         parse_config(text)
+
+
+def test_the_class_archive_is_for_a_runs_own_jvm_only(tmp_path, monkeypatch):
+    archive = tmp_path / "classes.jsa"
+    archive.write_bytes(b"")
+    monkeypatch.setenv(CLASS_ARCHIVE_ENV_VAR, str(archive))
+
+    def archive_mapped(text):
+        options = build_resources(parse_config(text))["spark"].spark_config.get(JAVA_OPTIONS, "")
+        return f"-XX:SharedArchiveFile={archive}" in options
+
+    assert not archive_mapped(VALID)  # the embedded default: the local Spark server, shared and long-lived
+    assert archive_mapped(VALID + "spark:\n  local_server: false\n")

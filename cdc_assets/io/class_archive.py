@@ -41,7 +41,7 @@ def _workload() -> None:
                         "key": pa.array([k for k, _ in events], pa.binary()),
                         "value": pa.array([v for _, v in events], pa.binary())})
     layout = derive_layout("postgresql", records["key"].to_pylist(), records["value"].to_pylist(), (), {}, None)
-    settings = spark_config(use_class_archive=False)
+    settings = spark_config()
     # The runtime's JVM options plus the dump, so the archive is made by a JVM like the ones that map it.
     options = f"{settings.get(JAVA_OPTIONS, '')} -XX:ArchiveClassesAtExit={os.environ[_DUMP_ENV_VAR]}"
     spark = SparkSession.builder.config(map={**settings, JAVA_OPTIONS: options.strip()}).getOrCreate()

@@ -49,12 +49,15 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
 
 
 def spark_config(master: str = "local[*]", remote: str | None = None,
-                 conf: Mapping[str, str] | None = None, use_class_archive: bool = True) -> dict[str, str]:
+                 conf: Mapping[str, str] | None = None, use_class_archive: bool = False) -> dict[str, str]:
     """The full Spark config for a session: embedded defaults, Delta jars if named, then ``conf``.
 
     ``remote`` (a Spark Connect URL) replaces ``master``. The env var ``CDC_DELTA_SPARK_JARS``
     names Delta jar files (comma-separated) to put on the classpath, enabling the delta-spark writer.
-    A local JVM maps the class archive (``cdc_assets.io.class_archive``) when there is one.
+    ``use_class_archive``: a local JVM started in this process maps the class archive
+    (``cdc_assets.io.class_archive``) when there is one. The local Spark server does not: it starts
+    once and serves many runs, while the archive, relocated in memory, would hold ~170 MB for as long
+    as it lives.
     """
     settings = dict(EMBEDDED_DEFAULTS)
     if remote:
@@ -70,19 +73,9 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
     archive = class_archive_path()
     if not remote and use_class_archive and master.startswith("local") and archive.exists():
         options = settings.get(JAVA_OPTIONS, "")
-        settings[JAVA_OPTIONS] = f"{options} {_archive_options(archive)}".strip()
+        # -Xshare:auto: a JVM that no longer matches the archive ignores it (and says nothing: cds=off).
+        settings[JAVA_OPTIONS] = f"{options} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds=off".strip()
     return settings
-
-
-def without_class_archive(settings: Mapping[str, str]) -> dict[str, str]:
-    """``settings`` with the class archive ``spark_config`` mapped taken out again."""
-    options = settings.get(JAVA_OPTIONS, "").replace(_archive_options(class_archive_path()), "").strip()
-    return {**settings, JAVA_OPTIONS: options} if options else {k: v for k, v in settings.items() if k != JAVA_OPTIONS}
-
-
-def _archive_options(archive: Path) -> str:
-    # -Xshare:auto: a JVM that no longer matches the archive ignores it (and says nothing: cds=off).
-    return f"-XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds=off"
 
 
 def class_archive_path() -> Path:

@@ -33,8 +33,6 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from cdc_assets.io.spark import without_class_archive
-
 SERVER_DIR_ENV_VAR = "CDC_SPARK_SERVER_DIR"
 CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
 _POLL_S = 5.0
@@ -97,13 +95,7 @@ def _locked(path: Path) -> Iterator[None]:
 
 def ensure_local_server(settings: Mapping[str, str], idle_timeout_s: float = 900.0,
                         start_timeout_s: float = 180.0) -> str:
-    """The Spark Connect URL of the local server for ``settings``, starting one if none runs.
-
-    The server does not map the class archive (``cdc_assets.io.class_archive``): it starts once and
-    then serves many runs, while the archive, relocated in memory, holds ~170 MB for as long as the
-    JVM lives.
-    """
-    settings = without_class_archive(settings)
+    """The Spark Connect URL of the local server for ``settings``, starting one if none runs."""
     key = fingerprint(settings)
     base = server_dir()
     state_path = base / f"{key}.json"

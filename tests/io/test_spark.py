@@ -76,11 +76,12 @@ def test_class_archive_is_mapped_by_local_jvms_only(tmp_path, monkeypatch):
     def maps_archive(settings):
         return "-XX:SharedArchiveFile=" in settings.get("spark.driver.extraJavaOptions", "")
 
-    assert not maps_archive(spark_config())  # no archive built yet
+    assert not maps_archive(spark_config(use_class_archive=True))  # no archive built yet
     archive.write_bytes(b"")
-    assert maps_archive(spark_config())
-    local = spark_config(conf={"spark.driver.extraJavaOptions": "-Dmine=1"})
+    assert maps_archive(spark_config(use_class_archive=True))
+    local = spark_config(conf={"spark.driver.extraJavaOptions": "-Dmine=1"}, use_class_archive=True)
     assert local["spark.driver.extraJavaOptions"].startswith("-Dmine=1 -XX:SharedArchiveFile=" + str(archive))
-    assert not maps_archive(spark_config(remote="sc://spark:15002"))
-    assert not maps_archive(spark_config("spark://cluster:7077"))
+    assert not maps_archive(spark_config(remote="sc://spark:15002", use_class_archive=True))
+    assert not maps_archive(spark_config("spark://cluster:7077", use_class_archive=True))
     assert not maps_archive(spark_config(use_class_archive=False))
+    assert not maps_archive(spark_config())  # the local Spark server's: it does not map it
