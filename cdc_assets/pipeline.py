@@ -97,7 +97,7 @@ class BatchReport:
 
     @property
     def events_read(self) -> int:
-        return self.raw.records.num_rows
+        return self.raw.records_read
 
     @property
     def capture_lag_s(self) -> float | None:
@@ -219,7 +219,8 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
     the offsets are committed together; on any bad event nothing is committed.
     """
     with contextlib.ExitStack() as scratch:
-        return _merge(spark, source, writer, table, limits, scratch)
+        report = _merge(spark, source, writer, table, limits, scratch)
+    return replace(report, raw=report.raw.without_records())
 
 
 def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,

@@ -3,6 +3,12 @@
 The consumer is used with ``assign`` + ``seek`` and never auto-commits: the offsets that count
 are the ones committed with the data into Delta. A batch ends at the high watermarks seen when it
 starts, or earlier at the record/byte bounds, so a run never chases a moving end.
+
+Partitions are read in turn: only the partition whose turn it is fetches, the others are paused.
+What the client holds fetched is then one partition's share, even from a broker that answers a
+fetch with each partition's whole backlog (the local broker ignores fetch size limits). A turn
+ends when its partition reaches the high watermark seen when the turn began, so a partition that
+keeps receiving records cannot keep the others waiting.
 """
 
 from __future__ import annotations
@@ -49,11 +55,22 @@ class RawBatch:
     high_watermarks: dict[int, int]
     bytes_read: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    _records_read: int | None = None  # set once the records are let go (``without_records``)
 
     @property
     def caught_up(self) -> bool:
         """Whether the batch reached the high watermark of every partition."""
         return all(self.end_offsets[p] >= high for p, high in self.high_watermarks.items())
+
+    @property
+    def records_read(self) -> int:
+        """How many records the batch read (tombstones included)."""
+        return self._records_read if self._records_read is not None else self.records.num_rows
+
+    def without_records(self) -> RawBatch:
+        """The batch's coordinates and counts, its records let go: a run keeps what each of its
+        batches read, and must not keep the records of every batch while it drains a backlog."""
+        return replace(self, records=self.records.schema.empty_table(), _records_read=self.records_read)
 
 
 class KafkaSource:
@@ -66,6 +83,9 @@ class KafkaSource:
         self._consumer: Consumer | None = None
         self._retries, self._backoff_s = retries, backoff_s
         self._assigned_at: dict[int, int] = {}
+        self._paused: set[int] = set()
+        # The partition being read in turn: (topic, partition, offset its turn ends at; -1: over).
+        self._turn: tuple[str, int, int] | None = None
         self._reader: ThreadPoolExecutor | None = None
         # The batch being read ahead: what was asked for (topic, start offsets, limits) and its read.
         self._ahead: tuple[tuple, Future[RawBatch]] | None = None
@@ -191,32 +211,21 @@ class KafkaSource:
                     f"{high[partition]}: the topic was recreated or truncated; resetting the table is an "
                     "operator's decision")
             start[partition] = committed if committed is not None else low
-        pending = {p for p in partitions if start[p] < high[p]}
+        pending = [p for p in partitions if start[p] < high[p]]
         end = dict(start)
-        columns: dict[str, list] = {"partition": [], "offset": [], "key": [], "value": []}
+        chunks: list[pa.RecordBatch] = []
         size = 0
         if pending:
             self._position_at(consumer, topic, partitions, start)
             try:
-                size = self._consume(consumer, topic, pending, end, high, columns, max_records, max_bytes,
-                                     poll_timeout_s)
+                size = self._consume(consumer, topic, self._turn_order(topic, pending, start), end, high, chunks,
+                                     max_records, max_bytes, poll_timeout_s)
             except BaseException:
                 consumer.unassign()
+                self._paused.clear()
                 raise
-            # A fetch at the end of a partition is a long poll the broker serves over and over while the
-            # batch is applied (the local broker spends a core on it): stop fetching caught-up partitions
-            # until the next batch. At most records past this batch's end are dropped, to be fetched again.
-            consumer.pause([TopicPartition(topic, p) for p in partitions if end[p] >= high[p]])
         consumed = time.perf_counter()
-        records = pa.table(
-            {
-                "partition": pa.array(columns["partition"], pa.int32()),
-                "offset": pa.array(columns["offset"], pa.int64()),
-                "key": pa.array(columns["key"], pa.binary()),
-                "value": pa.array(columns["value"], pa.binary()),
-            },
-            schema=RAW_SCHEMA,
-        )
+        records = pa.Table.from_batches(chunks, schema=RAW_SCHEMA)
         return RawBatch(
             topic=topic,
             records=records,
@@ -228,7 +237,8 @@ class KafkaSource:
         )
 
     def _position_at(self, consumer: Consumer, topic: str, partitions: list[int], start: Mapping[int, int]) -> None:
-        """Make the consumer hand out each partition's records from ``start``.
+        """Make the consumer hand out each partition's records from ``start``, every partition paused
+        but the one it was reading.
 
         The assignment is kept between batches: when the previous batch of this topic ended exactly
         where this one starts, the records librdkafka already fetched are used instead of fetched
@@ -244,54 +254,124 @@ class KafkaSource:
         if not continues:
             consumer.assign([TopicPartition(topic, p, start[p]) for p in partitions])
             self._assigned_at = dict(start)
-        consumer.resume([TopicPartition(topic, p) for p in partitions])  # the last batch paused caught-up ones
+            self._paused.clear()
+            # Nothing fetches until its turn (``_fetch_only``).
+            self._pause(consumer, topic, partitions)
 
-    def _consume(self, consumer: Consumer, topic: str, pending: set[int], end: dict[int, int],
-                 high: dict[int, int], columns: dict[str, list], max_records: int, max_bytes: int,
+    def _pause(self, consumer: Consumer, topic: str, partitions: list[int]) -> None:
+        """Stop fetching ``partitions`` (what librdkafka fetched of them is dropped, to be fetched again)."""
+        partitions = [p for p in partitions if p not in self._paused]
+        if partitions:
+            consumer.pause([TopicPartition(topic, p) for p in partitions])
+            self._paused.update(partitions)
+
+    def _turn_end(self, topic: str, partition: int, high: Mapping[int, int]) -> int:
+        """Where ``partition``'s turn ends (a turn begins here unless this partition's goes on)."""
+        if self._turn is None or self._turn[:2] != (topic, partition) or self._turn[2] < 0:
+            self._turn = (topic, partition, high[partition])
+        return min(high[partition], self._turn[2])
+
+    def _fetch_only(self, consumer: Consumer, topic: str, partitions: list[int]) -> None:
+        """Let ``partitions`` fetch, every other one paused."""
+        self._pause(consumer, topic, [p for p in self._assigned_at if p not in partitions])
+        resumed = [p for p in partitions if p in self._paused]
+        if resumed:
+            consumer.resume([TopicPartition(topic, p) for p in resumed])
+            self._paused.difference_update(resumed)
+
+    def _turn_order(self, topic: str, pending: list[int], start: Mapping[int, int]) -> list[int]:
+        """The pending partitions in the order this batch reads them: the one whose turn goes on
+        first (what librdkafka fetched of it is kept), then the next ones round the partitions."""
+        if self._turn is None or self._turn[0] != topic:
+            return pending
+        _, partition, until = self._turn
+        first = partition if start.get(partition, until) < until else partition + 1
+        index = next((i for i, p in enumerate(pending) if p >= first), 0)
+        return pending[index:] + pending[:index]
+
+    def _consume(self, consumer: Consumer, topic: str, order: list[int], end: dict[int, int],
+                 high: Mapping[int, int], chunks: list[pa.RecordBatch], max_records: int, max_bytes: int,
                  poll_timeout_s: float) -> int:
-        partitions, offsets, keys, values = (columns["partition"], columns["offset"], columns["key"],
-                                             columns["value"])
-        size = 0
-        last_progress = time.monotonic()
-        while pending and len(offsets) < max_records and size < max_bytes:
-            # Never ask for more than the partitions still hold up to their high watermarks: consume
-            # returns once it has as many messages as asked, or waits out its whole timeout.
-            remaining = sum(high[p] - end[p] for p in pending)
-            messages = consumer.consume(min(_CONSUME_CHUNK, max_records - len(offsets), remaining), timeout=1.0)
-            for message in messages:
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
+        """Read the partitions of ``order`` in turn, each up to ``high`` (or its turn's end), until the
+        bounds; the records as Arrow chunks of one consume call each. Returns the bytes read.
+
+        The next partition in turn fetches while this batch reads the end of the current one; its
+        records may come in before its turn and are taken as they come, in order, as far as the room
+        the current turn leaves in the batch. Past that room it is closed for this batch: a partition
+        never has a gap in its run, and never crowds out the partition in turn.
+        """
+        size = count = 0
+        until = dict(high)  # where each partition's part of this batch ends
+        room: dict[int, int] = {}  # how many records the next partition may take before its turn
+        closed: set[int] = set()  # partitions with records handed out but not taken: read no further
+        for index, partition in enumerate(order):
+            if count >= max_records or size >= max_bytes or partition in closed:
+                break
+            until[partition] = self._turn_end(topic, partition, high)
+            room.pop(partition, None)
+            left = until[partition] - end[partition]
+            if left < max_records - count and index + 1 < len(order):
+                room[order[index + 1]] = max_records - count - left
+                self._fetch_only(consumer, topic, order[index:index + 2])
+            else:
+                self._fetch_only(consumer, topic, [partition])
+            last_progress = time.monotonic()
+            while end[partition] < until[partition] and count < max_records and size < max_bytes:
+                # Never ask for more than the partitions still hold up to their ends: consume returns
+                # once it has as many messages as asked, or waits out its whole timeout.
+                wanted = min(_CONSUME_CHUNK, max_records - count, sum(until[p] - end[p] for p in order[index:]))
+                partitions: list[int] = []
+                offsets: list[int] = []
+                keys: list[bytes | None] = []
+                values: list[bytes | None] = []
+                took_all = True
+                for message in consumer.consume(wanted, timeout=1.0):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            continue
+                        raise SourceError(f"{topic}[{message.partition()}]: error while consuming from "
+                                          f"{self.bootstrap_servers}: {error}")
+                    read_from, offset = message.partition(), message.offset()
+                    if read_from not in end or not end[read_from] <= offset < until[read_from]:
+                        continue  # past this batch's end: the next batch finds the position moved and seeks
+                    if room.get(read_from, 1) <= 0:
+                        until[read_from] = end[read_from]  # no room left: closed for this batch
+                        closed.add(read_from)
                         continue
-                    raise SourceError(f"{topic}[{message.partition()}]: error while consuming from "
-                                      f"{self.bootstrap_servers}: {error}")
-                partition, offset = message.partition(), message.offset()
-                if partition not in pending or offset >= high[partition]:
-                    continue
-                key, value = message.key(), message.value()
-                partitions.append(partition)
-                offsets.append(offset)
-                keys.append(key)
-                values.append(value)
-                end[partition] = offset + 1
-                size += (len(key) if key else 0) + (len(value) if value else 0)
-                if end[partition] >= high[partition]:
-                    pending.discard(partition)
-                if len(offsets) >= max_records or size >= max_bytes:
-                    break
-            if messages:
-                last_progress = time.monotonic()
-            # Transaction markers and compacted-away records occupy offsets no message shows.
-            for position in consumer.position([TopicPartition(topic, p) for p in list(pending)]):
-                if position.offset >= high[position.partition]:
-                    end[position.partition] = high[position.partition]
-                    pending.discard(position.partition)
-            if pending and time.monotonic() - last_progress > poll_timeout_s:
-                stuck = {p: end[p] for p in sorted(pending)}
-                raise SourceError(
-                    f"topic '{topic}' on {self.bootstrap_servers}: no records for {poll_timeout_s:.0f}s while "
-                    f"partitions {stuck} (next offset) are below their high watermarks "
-                    f"{ {p: high[p] for p in sorted(pending)} }")
+                    if read_from in room:
+                        room[read_from] -= 1
+                    key, value = message.key(), message.value()
+                    partitions.append(read_from)
+                    offsets.append(offset)
+                    keys.append(key)
+                    values.append(value)
+                    end[read_from] = offset + 1
+                    size += (len(key) if key else 0) + (len(value) if value else 0)
+                    if count + len(offsets) >= max_records or size >= max_bytes:
+                        took_all = False  # the rest of these messages is dropped, the position past them
+                        break
+                if offsets:
+                    last_progress = time.monotonic()
+                    count += len(offsets)
+                    chunks.append(pa.record_batch([pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64()),
+                                                   pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
+                                                  schema=RAW_SCHEMA))
+                # Transaction markers and compacted-away records occupy offsets no message shows: when
+                # every record handed out was taken, a position at the turn's end means none is left.
+                (position,) = consumer.position([TopicPartition(topic, partition)])
+                if took_all and position.offset >= until[partition]:
+                    end[partition] = max(end[partition], until[partition])
+                if end[partition] < until[partition] and time.monotonic() - last_progress > poll_timeout_s:
+                    raise SourceError(
+                        f"topic '{topic}' on {self.bootstrap_servers}: no records for {poll_timeout_s:.0f}s while "
+                        f"partition {partition} (next offset {end[partition]}) is below {until[partition]} (high "
+                        f"watermark {high[partition]})")
+            if end[partition] >= until[partition]:
+                # The turn is over. A fetch at the end of a partition is a long poll the broker serves
+                # over and over while the batch is applied (the local broker spends a core on it).
+                self._pause(consumer, topic, [partition])
+                self._turn = (topic, partition, -1)
         return size
 
     def commit_group_offsets(self, topic: str, offsets: Mapping[int, int]) -> None:

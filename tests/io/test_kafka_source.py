@@ -138,3 +138,76 @@ def test_a_batch_read_ahead_is_taken_only_where_it_starts(broker, source):
     seen = sorted((p, o) for batch in (first, second, rest) for p, offsets in runs(batch).items() for o in offsets)
     assert seen == sorted([(0, o) for o in range(30)] + [(1, o) for o in range(30)])
     assert rest.caught_up and source._ahead is None  # nothing left to read ahead
+
+
+def _by_partition(batch):
+    runs = {}
+    for p, o in zip(batch.records["partition"].to_pylist(), batch.records["offset"].to_pylist(), strict=True):
+        runs.setdefault(p, []).append(o)
+    return runs
+
+
+def test_partitions_are_read_in_turn(broker, source):
+    """Only the partition in turn fetches (a broker that answers with whole backlogs then sends one
+    partition's at a time): a batch holds whole runs of one partition after another."""
+    topic = new_topic(broker, "src.turns", partitions=3)
+    for partition in range(3):
+        produce(broker, topic, records(10, f"p{partition}-"), partition=partition)
+    first = source.read_batch(topic, None, max_records=15, max_bytes=10**9, poll_timeout_s=10)
+    assert _by_partition(first) == {0: list(range(10)), 1: list(range(5))}
+    second = source.read_batch(topic, first.end_offsets, max_records=15, max_bytes=10**9, poll_timeout_s=10)
+    assert _by_partition(second) == {1: list(range(5, 10)), 2: list(range(10))}
+    assert second.caught_up
+
+
+def test_a_partition_that_keeps_receiving_records_does_not_hold_up_the_others(broker, source):
+    """A turn ends at the high watermark seen when it began: records that arrive meanwhile wait for
+    the partition's next turn."""
+    topic = new_topic(broker, "src.fair", partitions=2)
+    produce(broker, topic, records(10, "a"), partition=0)
+    produce(broker, topic, records(4, "b"), partition=1)
+    first = source.read_batch(topic, None, max_records=6, max_bytes=10**9, poll_timeout_s=10)
+    assert _by_partition(first) == {0: list(range(6))}
+    produce(broker, topic, records(20, "late"), partition=0)  # partition 0 keeps receiving
+    second = source.read_batch(topic, first.end_offsets, max_records=6, max_bytes=10**9, poll_timeout_s=10)
+    assert _by_partition(second) == {0: [6, 7, 8, 9], 1: [0, 1]}  # partition 0's turn ended at offset 10
+    third = source.read_batch(topic, second.end_offsets, max_records=6, max_bytes=10**9, poll_timeout_s=10)
+    assert _by_partition(third) == {1: [2, 3], 0: [10, 11, 12, 13]}
+
+
+@pytest.mark.parametrize("max_records", [4, 7, 16, 50])
+def test_batches_in_turn_read_every_record_once_in_contiguous_runs(broker, source, max_records):
+    """Whatever the bound, with the next partition fetching before its turn (read ahead too): each
+    batch holds contiguous runs from its start offsets, and the batches together every record once."""
+    topic = new_topic(broker, f"src.every{max_records}", partitions=3)
+    sizes = {0: 37, 1: 5, 2: 61}
+    for partition, size in sizes.items():
+        produce(broker, topic, records(size, f"p{partition}-"), partition=partition)
+    seen, offsets = [], None
+    for _ in range(200):
+        batch = source.read_batch(topic, offsets, max_records=max_records, max_bytes=10**9, poll_timeout_s=10,
+                                  read_ahead=True)
+        assert 0 < batch.records.num_rows <= max_records
+        for partition, run in _by_partition(batch).items():
+            assert run == list(range(batch.start_offsets[partition], batch.end_offsets[partition]))
+        seen += [(p, o) for p, run in _by_partition(batch).items() for o in run]
+        offsets = batch.end_offsets
+        if batch.caught_up:
+            break
+    assert sorted(seen) == [(p, o) for p, size in sizes.items() for o in range(size)]
+
+
+def test_a_byte_bound_reached_mid_fetch_loses_nothing(broker, source):
+    """The consume call hands out more records than the byte bound lets the batch take: the ones
+    left over are not counted as read (their offsets are not passed), the next batch reads them."""
+    topic = new_topic(broker, "src.bytes")
+    produce(broker, topic, [(b"k", b"x" * 99) for _ in range(10)])  # 100 bytes a record
+    offsets, seen = None, []
+    for _ in range(10):
+        batch = source.read_batch(topic, offsets, max_records=1000, max_bytes=250, poll_timeout_s=10)
+        assert batch.records.num_rows == batch.end_offsets[0] - batch.start_offsets[0] == 3 or batch.caught_up
+        seen += batch.records["offset"].to_pylist()
+        offsets = batch.end_offsets
+        if batch.caught_up:
+            break
+    assert seen == list(range(10))
