@@ -3,13 +3,15 @@
 Dagster starts every run in a fresh process. With Spark in that process, every run pays for a
 fresh JVM: seconds to start, and on a small machine most of a short run compiling Spark's code
 (a 100k-record batch takes 4.3 s in a new JVM, 0.9 s once warm). The embedded default therefore
-runs local Spark as a Spark Connect server (the connect plugin of the pyspark wheel's own JVM,
-bound to 127.0.0.1 on a free port) that the first run starts and later runs reuse, warm; it stops
-itself after ``idle_timeout_s`` without a query. Runs with other Spark settings get a server of
-their own: servers are keyed by a fingerprint of their settings.
+runs local Spark as a Spark Connect server (the pyspark wheel's own JVM and ``SparkConnectServer``,
+bound to 127.0.0.1 on a free port) that the first run starts and later runs reuse, warm. A small
+supervisor process (no pyspark in it) starts the JVM, stops it when no client has been connected
+for ``idle_timeout_s``, and takes it along when it is stopped or killed. Runs with other Spark
+settings get a server of their own: servers are keyed by a fingerprint of their settings.
 
 The state lives in ``$CDC_SPARK_SERVER_DIR`` (default: ``<tmp>/cdc-assets-spark-<uid>``): per
-server ``<fingerprint>.json`` (pid, port), ``.lock`` (held while a client starts it) and ``.log``.
+server ``<fingerprint>.json`` (supervisor pid, port), ``.lock`` (held while a client starts it) and
+``.log``.
 
     python -m cdc_assets.io.spark_server status|stop
 """
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import signal
@@ -30,11 +34,15 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pyspark.sql import SparkSession
+import psutil
+
+if TYPE_CHECKING:  # the supervisor never imports pyspark's Python side (pandas and more: ~120 MB)
+    from pyspark.sql import SparkSession
 
 SERVER_DIR_ENV_VAR = "CDC_SPARK_SERVER_DIR"
-CONNECT_PLUGIN = "org.apache.spark.sql.connect.SparkConnectPlugin"
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 _POLL_S = 5.0
 
 
@@ -117,6 +125,7 @@ def connect(url: str) -> SparkSession:
     Connect client or runs Spark in its own JVM (``pyspark.sql.functions`` serves one of them):
     Spark refuses this session if the process already runs a local JVM session.
     """
+    from pyspark.sql import SparkSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     session = SparkSession.builder.remote(url).create()
@@ -132,9 +141,8 @@ def _start(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float,
     command = [sys.executable, "-m", "cdc_assets.io.spark_server", "serve", "--state", str(state_path),
                "--idle-timeout-s", str(idle_timeout_s)]
     with log_path.open("w") as log:
-        # A session of its own: the server outlives the run that started it (and its signals).
-        # The server runs Spark in its own JVM: drop what makes pyspark a Connect client (set in this
-        # process by ``connect``).
+        # A session of its own: the server outlives the run that started it (and its signals). Drop
+        # what makes this process's pyspark a Connect client (set by ``connect``): the JVM is a server.
         env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True, text=True, env=env)
@@ -161,44 +169,79 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float) -> None:
-    """Run the server until it has been idle for ``idle_timeout_s`` (or is stopped)."""
+def _spark_submit() -> Path:
+    """The ``spark-submit`` of the installed pyspark (its JVM and jars), found without importing it."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise SparkServerError("pyspark is not installed")
+    return Path(next(iter(spec.submodule_search_locations))) / "bin" / "spark-submit"
+
+
+def _die_with_parent() -> None:
+    """In the JVM's process, before it runs: SIGTERM it when the supervisor dies, however it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
+
+
+def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float, start_timeout_s: float = 180.0) -> None:
+    """Supervise the server's JVM until no client has been connected for ``idle_timeout_s`` (or the
+    supervisor is stopped); the JVM stops with it."""
     port = _free_port()
-    spark = SparkSession.builder.config(map={
+    conf = {
         **settings,
-        "spark.plugins": CONNECT_PLUGIN,
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
-    }).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+        "spark.log.level": "ERROR",
+    }
+    command = [str(_spark_submit()), "--class", CONNECT_SERVER_CLASS]
+    for key, value in conf.items():
+        command += ["--conf", f"{key}={value}"]
+    # Two malloc arenas instead of up to 8 per core: the JVM runs ~250 threads, most of them Spark's
+    # idle pools. Measured together with the survivor sizing of ``spark.EMBEDDED_DEFAULTS``.
+    jvm = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                           env={**os.environ, "MALLOC_ARENA_MAX": "2"})
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    state_path.write_text(json.dumps({"pid": os.getpid(), "port": port, "settings": dict(settings)}))
-    print(f"local Spark server: sc://127.0.0.1:{port}", flush=True)
     try:
-        _wait_until_idle(spark, idle_timeout_s)
+        deadline = time.monotonic() + start_timeout_s
+        while not _answers(port):
+            if jvm.poll() is not None or time.monotonic() > deadline:
+                raise SparkServerError(f"the Spark Connect server did not start (exit code {jvm.poll()})")
+            time.sleep(0.2)
+        state_path.write_text(json.dumps({"pid": os.getpid(), "port": port, "settings": dict(settings)}))
+        print(f"local Spark server: sc://127.0.0.1:{port}", flush=True)
+        _wait_until_idle(jvm, port, idle_timeout_s)
     finally:
         # The state file goes first, under the start lock: a client from now on starts a new server.
         # One that read the state a moment before fails within seconds (``connect``).
         with _locked(state_path.with_suffix(".lock")):
             with contextlib.suppress(OSError):
                 state_path.unlink()
-            spark.stop()
+            jvm.terminate()
+            try:
+                jvm.wait(60)
+            except subprocess.TimeoutExpired:
+                jvm.kill()
 
 
-def _wait_until_idle(spark: SparkSession, idle_timeout_s: float) -> None:
-    tracker = spark.sparkContext.statusTracker()
-    package = spark.sparkContext._jvm.org.apache.spark.sql.connect.service  # type: ignore[union-attr]
-    sessions = getattr(getattr(package, "SparkConnectService$"), "MODULE$").sessionManager()  # a Scala object
-    last_active = time.time()
-    while True:
-        time.sleep(_POLL_S)
-        now = time.time()
-        if tracker.getActiveJobsIds():
+def _clients(jvm: psutil.Process, port: int) -> int:
+    """How many client connections the server on ``port`` holds."""
+    with contextlib.suppress(psutil.Error):
+        return sum(1 for c in jvm.net_connections(kind="tcp")
+                   if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+    return 0
+
+
+def _wait_until_idle(jvm: subprocess.Popen, port: int, idle_timeout_s: float) -> None:
+    """Return when no client has been connected for ``idle_timeout_s``, or the JVM has exited. A
+    run holds its connection from its session's start to its end."""
+    process = psutil.Process(jvm.pid)
+    last_active = time.monotonic()
+    while jvm.poll() is None:
+        time.sleep(min(_POLL_S, idle_timeout_s))
+        now = time.monotonic()
+        if _clients(process, port):
             last_active = now
-        active = sessions.listActiveSessions()
-        for index in range(active.size()):
-            last_active = max(last_active, active.apply(index).lastAccessTimeMs() / 1000)
-        if now - last_active > idle_timeout_s:
+        elif now - last_active > idle_timeout_s:
             return
 
 
