@@ -77,8 +77,8 @@ class SparkConfig(_Model):
     local_server: bool = Field(default=True, description=(
         "local master only: run Spark as a local Spark Connect server shared by runs and kept warm "
         "(cdc_assets.io.spark_server), instead of a JVM in each run's process"))
-    local_server_idle_timeout_s: float = Field(default=900.0, gt=0,
-                                               description="the local server stops after this long without a query")
+    local_server_idle_timeout_s: float = Field(
+        default=900.0, gt=0, description="the local server stops after this long with no client connected")
 
     @property
     def uses_local_server(self) -> bool:
