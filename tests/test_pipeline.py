@@ -52,6 +52,7 @@ def test_restart_reads_only_new_events_and_replay_changes_nothing(spark, broker,
     table = captured_table(topic, tmp_path)
     first = run_batch(spark, broker, writer, table)
     assert first.events_read == 20 and first.outcome.inserted == 20
+    assert first.raw.records.num_rows == 0  # a run keeps each batch's report, never its records
 
     produce(broker, topic, [(encode_key({"id": i}), envelope("u", None, {"id": i, "v": -i}, source(100 + i), 1))
                             for i in range(5)])

@@ -53,24 +53,19 @@ class RawBatch:
     start_offsets: dict[int, int]
     end_offsets: dict[int, int]
     high_watermarks: dict[int, int]
+    records_read: int  # tombstones included; kept when the records are let go (``without_records``)
     bytes_read: int = 0
     timings: dict[str, float] = field(default_factory=dict)
-    _records_read: int | None = None  # set once the records are let go (``without_records``)
 
     @property
     def caught_up(self) -> bool:
         """Whether the batch reached the high watermark of every partition."""
         return all(self.end_offsets[p] >= high for p, high in self.high_watermarks.items())
 
-    @property
-    def records_read(self) -> int:
-        """How many records the batch read (tombstones included)."""
-        return self._records_read if self._records_read is not None else self.records.num_rows
-
     def without_records(self) -> RawBatch:
         """The batch's coordinates and counts, its records let go: a run keeps what each of its
         batches read, and must not keep the records of every batch while it drains a backlog."""
-        return replace(self, records=self.records.schema.empty_table(), _records_read=self.records_read)
+        return replace(self, records=self.records.schema.empty_table())
 
 
 class KafkaSource:
@@ -232,6 +227,7 @@ class KafkaSource:
             start_offsets=start,
             end_offsets=end,
             high_watermarks=high,
+            records_read=records.num_rows,
             bytes_read=size,
             timings={"consume_s": consumed - started, "to_arrow_s": time.perf_counter() - consumed},
         )

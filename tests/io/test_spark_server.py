@@ -52,7 +52,11 @@ def test_an_idle_server_stops_itself_and_a_gone_one_is_replaced():
     assert second.range(3).count() == 3
     replaced = _server(settings)["pid"]
     assert replaced != pid
-    os.kill(replaced, signal.SIGKILL)
+    jvms = [child for child in psutil.Process(replaced).children(recursive=True) if child.name() == "java"]
+    assert jvms
+    os.kill(replaced, signal.SIGKILL)  # the supervisor: its JVM goes with it
+    _, alive = psutil.wait_procs(jvms, timeout=60)
+    assert not alive, "the JVM of a killed supervisor should stop"
     deadline = time.monotonic() + 30
     while _server(settings) is not None and time.monotonic() < deadline:
         time.sleep(0.5)
