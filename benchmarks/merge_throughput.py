@@ -163,7 +163,9 @@ def run_project(bootstrap: str, batch: int, work: Path, local_server: bool = Tru
     settings = spark_config(config.spark.master, conf=config.spark.conf, use_class_archive=not local_server)
     if local_server:
         started = time.perf_counter()
-        connect(ensure_local_server(settings)).range(1).count()  # the run's own session comes next
+        warm_up = connect(ensure_local_server(settings))  # the run's own session comes next
+        warm_up.range(1).count()
+        warm_up.stop()  # a session left open lives on in the server (60 min) with what it holds
         spark_start = time.perf_counter() - started
     else:
         spark_start = _start_spark(settings)

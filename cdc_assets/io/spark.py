@@ -45,6 +45,15 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     # flight at a collection went to the old generation, which grew to 326 MB for ~90 MB live
     # (W1, 4 runs on one server: peak RSS 955 MiB before, 778 MiB with this).
     JAVA_OPTIONS: "-XX:+UseParallelGC -XX:ParallelGCThreads=2 -Xmn200m -XX:-UseAdaptiveSizePolicy -XX:SurvivorRatio=6",
+    # The UI is off, yet Spark's status store keeps the last 1,000 SQL executions, jobs and stages
+    # (and 100,000 tasks), plans included: about 80 KB per batch. On the long-lived local server that
+    # took the live heap from ~70 MB towards ~200 MB, where the old generation was full and every
+    # young collection became a full one (one server: 326 full collections, 99 s of CPU). Kept to
+    # a few, its live heap levels off at ~90 MB (900 batches in 90 sessions).
+    "spark.sql.ui.retainedExecutions": "10",
+    "spark.ui.retainedJobs": "10",
+    "spark.ui.retainedStages": "10",
+    "spark.ui.retainedTasks": "100",
     # PySpark records the Python call site of every column expression it builds, for error messages:
     # thousands of stack walks per batch (~40 ms per batch of the merge path's expressions).
     "spark.python.sql.dataFrameDebugging.enabled": "false",
@@ -139,17 +148,26 @@ def spark_records(spark: SparkSession, records: pa.Table, value_type: T.StructTy
 
 def parsed_in_spark(spark: SparkSession, records: pa.Table, value_type: T.StructType) -> DataFrame:
     """``spark_records`` for any session: ``createDataFrame`` of the records, then ``from_json``."""
-    return spark.createDataFrame(records).select(
-        "partition", "offset", F.col("key").cast("string").alias("key"),
-        _from_json(F.col("value").cast("string"), value_type).alias("value"))
+    frame = spark.createDataFrame(records).select(
+        "partition", "offset", F.col("key").cast("string").alias("key"), F.col("value").cast("string").alias(_TEXT))
+    return _parsed(frame, value_type).select("partition", "offset", "key", F.col(_PARSED).alias("value"))
 
 
-def _from_json(text: Column, value_type: T.StructType) -> Column:
-    """``text`` parsed as ``value_type``; null where it is not a JSON object (``from_json`` alone
-    gives a struct of nulls there). Only values with no field at all pay for the second look."""
-    parsed = F.from_json(text, value_type)
-    no_field = functools.reduce(lambda a, b: a & b, [parsed[f.name].isNull() for f in value_type.fields])
-    return F.when(~no_field | F.from_json(text, "map<string,string>").isNotNull(), parsed)
+# Each parse is a column of its own that later columns refer to by name: spelt out at every use, as a
+# Column expression is, the plan would repeat it. A plan three times larger costs Spark its analysis,
+# code generation and task serialization in every batch (W1 batches: 14% more server CPU).
+_TEXT = "_cdc_text"
+_PARSED = "_cdc_parsed"
+
+
+def _parsed(frame: DataFrame, value_type: T.StructType) -> DataFrame:
+    """``frame`` with ``_PARSED``: its ``_TEXT`` parsed as ``value_type``; null where that is not a
+    JSON object (``from_json`` alone gives a struct of nulls there). Only texts with no field at all
+    pay for the second look."""
+    frame = frame.withColumn(_PARSED, F.from_json(_TEXT, value_type))
+    no_field = functools.reduce(lambda a, b: a & b, [F.col(_PARSED)[f.name].isNull() for f in value_type.fields])
+    is_object = ~no_field | F.from_json(_TEXT, "map<string,string>").isNotNull()
+    return frame.withColumn(_PARSED, F.when(is_object, F.col(_PARSED)))
 
 
 def parsed_from_files(spark: SparkSession, records: pa.Table, value_type: T.StructType, scratch: Path) -> DataFrame:
@@ -165,18 +183,20 @@ def parsed_from_files(spark: SparkSession, records: pa.Table, value_type: T.Stru
 
     # A line whose value is not a JSON object at all has no fields: they are read back from the line
     # as ``_json_lines`` wrote it, and its value gets ``from_json``'s verdict (which, for one, takes
-    # an object followed by other text). Only such lines pay for it.
+    # an object followed by other text). Only such lines pay for it: the others have no text here.
     def part(group: int) -> Column:
         return F.regexp_extract(F.col(_CORRUPT_COLUMN), _LINE_PATTERN, group)
 
     key_literal = F.from_json(F.concat(F.lit('{"k":'), part(3), F.lit("}")), "k string")["k"]
-    return frame.select(
+    frame = frame.select(
         F.coalesce("p", part(1).cast("int")).alias("partition"),
         F.coalesce("o", part(2).cast("long")).alias("offset"),
         F.coalesce("k", key_literal).alias("key"),
-        F.when(F.col("v").isNull() & F.col(_CORRUPT_COLUMN).isNotNull(), _from_json(part(4), value_type))
-        .otherwise(F.col("v")).alias("value"),
+        "v",
+        F.when(F.col("v").isNull(), part(4)).alias(_TEXT),
     )
+    return _parsed(frame, value_type).select("partition", "offset", "key",
+                                             F.coalesce("v", _PARSED).alias("value"))
 
 
 def _text(literal: str) -> pa.Scalar:
