@@ -121,6 +121,9 @@ connectors:
         job = build_definitions(config).resolve_job_def("cdc_merge_job")
         dagster_home = Path(work) / "dagster_home"
         dagster_home.mkdir()
+        # The soak's own local Spark server, set before the runs' environment is copied from this one's:
+        # runs that looked in the default directory started a server the soak neither measured nor stopped.
+        os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")
         env = {**os.environ, "CDC_ASSETS_CONFIG": str(config_path), "DAGSTER_HOME": str(dagster_home)}
         command = [str(Path(sys.executable).parent / "dagster"), "job", "execute", "-m", "cdc_assets.definitions",
                    "-j", "cdc_merge_job"]
@@ -128,7 +131,6 @@ connectors:
         lags: list[float] = []
         runs = 0
         committed: dict[int, int] = {}
-        os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")  # the soak's own local Spark server
         server_rss: PeakRss | None = None
         with contextlib.ExitStack() as stack:
             instance = stack.enter_context(DagsterInstance.ephemeral())
