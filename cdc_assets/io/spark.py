@@ -154,8 +154,9 @@ def parsed_in_spark(spark: SparkSession, records: pa.Table, value_type: T.Struct
 
 
 # Each parse is a column of its own that later columns refer to by name: spelt out at every use, as a
-# Column expression is, the plan would repeat it. A plan three times larger costs Spark its analysis,
-# code generation and task serialization in every batch (W1 batches: 14% more server CPU).
+# Column expression is, the plan would repeat it (seven times: the hand-over's plan was 33 KB, it is
+# 15.5 KB, and the client builds it in 26 ms instead of 39; the server's CPU per batch did not change
+# measurably).
 _TEXT = "_cdc_text"
 _PARSED = "_cdc_parsed"
 
