@@ -1,6 +1,8 @@
 """The Spark session settings and the hand-over of Kafka records to Spark."""
 
 import os
+import subprocess
+import sys
 
 import pyarrow as pa
 from pyspark.sql import functions as F
@@ -85,3 +87,31 @@ def test_class_archive_is_mapped_by_local_jvms_only(tmp_path, monkeypatch):
     assert not maps_archive(spark_config("spark://cluster:7077", use_class_archive=True))
     assert not maps_archive(spark_config(use_class_archive=False))
     assert not maps_archive(spark_config())  # the local Spark server's: it does not map it
+
+
+# A local JVM session (a process is a Spark Connect client or runs Spark itself: not this one) runs
+# more queries than the status store may keep and reports how many it keeps.
+_RETAINED_PROBE = """
+import time
+from pyspark.sql import SparkSession
+from cdc_assets.io.spark import spark_config
+spark = SparkSession.builder.config(map=spark_config()).getOrCreate()
+for n in range(25):
+    spark.range(n + 1).selectExpr("sum(id)").collect()
+store = spark._jsparkSession.sharedState().statusStore()
+deadline = time.monotonic() + 30
+while store.executionsCount() > 10 and time.monotonic() < deadline:
+    time.sleep(0.2)  # the store drops old executions in the background
+print("RETAINED", store.executionsCount(), flush=True)
+"""
+
+
+def test_the_status_store_keeps_only_the_last_few_queries():
+    """A long-lived local server must not keep every query's plan for a UI that is off: its live heap
+    grew with them until every collection was a full one."""
+    probe = subprocess.run([sys.executable, "-c", _RETAINED_PROBE], capture_output=True, text=True, timeout=300,
+                           env={k: v for k, v in os.environ.items() if k not in ("SPARK_CONNECT_MODE_ENABLED",
+                                                                                 "SPARK_REMOTE")})
+    retained = [line for line in probe.stdout.splitlines() if line.startswith("RETAINED")]
+    assert retained, probe.stderr[-2000:]
+    assert int(retained[0].split()[1]) <= 10
