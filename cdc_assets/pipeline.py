@@ -51,7 +51,7 @@ from cdc_assets.core.transactions import cut_batch
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
 from cdc_assets.io.kafka_source import KafkaSource, RawBatch
-from cdc_assets.io.spark import spark_records
+from cdc_assets.io.spark import is_local, spark_records
 from cdc_assets.io.transactions import ingest_transactions, table_horizon
 
 _SAMPLE = 100
@@ -163,6 +163,24 @@ def _fold_documents(spark: SparkSession, writer: DeltaWriter, table: CapturedTab
     return rows, summary
 
 
+def _fold(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout,
+          decoded: DataFrame) -> tuple[pa.Table, BatchSummary]:
+    """The rows to MERGE for ``table``'s apply mode, and the batch summary, from decoded events."""
+    reread = table.apply_mode == "scd2" or table.kind == "mongodb"
+    if reread:
+        decoded = decoded.persist()  # read twice: the fold (for the summary) and the rows
+    rows, summary = fold_batch(decoded, layout)
+    if table.apply_mode == "scd2":
+        rows = history_versions(decoded, layout).toArrow()
+    elif table.kind == "mongodb":
+        rows, summary = _fold_documents(spark, writer, table, layout, decoded, summary)
+    if reread:
+        decoded.unpersist()
+    if table.apply_mode == "soft_delete":
+        rows = rows.append_column(DELETED_COLUMN, pc.equal(rows[OP_COLUMN], "d"))
+    return rows, summary
+
+
 def _before(cut: dict[int, int], partition: Column, offset: Column) -> Column:
     """Events before the cut offsets (Spark)."""
     condition = F.lit(False)
@@ -265,8 +283,12 @@ def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table:
                           f"{exc}. Nothing was committed") from exc
 
     commit = replace(commit, key_columns=layout.key_columns)
+    # The local hand-over first reads a batch without its fallback for unreadable lines (less Spark CPU
+    # a batch); a batch with any bad event is read again, exactly, so that bad events get the exact
+    # verdict. Batches cut to whole transactions are read exactly at once: the cut counts good events.
+    exact = table.transaction_log is not None or not is_local(spark)
     mark = time.perf_counter()
-    frame = scratch.enter_context(spark_records(spark, events, value_type(layout)))
+    frame = scratch.enter_context(spark_records(spark, events, value_type(layout), exact))
     timings["to_spark_s"] = time.perf_counter() - mark
     mark = time.perf_counter()
     decoded = decode_change_events(frame, layout)
@@ -286,18 +308,10 @@ def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table:
             events = events.filter(_before_arrow(cut_offsets, events))
             raw = replace(raw, end_offsets=cut_offsets)
         commit = replace(commit, version=sum(cut_offsets.values()), offsets=cut_offsets, transactions=transactions)
-    reread = table.apply_mode == "scd2" or table.kind == "mongodb"
-    if reread:
-        decoded = decoded.persist()  # read twice: the fold (for the summary) and the rows
-    rows, summary = fold_batch(decoded, layout)
-    if table.apply_mode == "scd2":
-        rows = history_versions(decoded, layout).toArrow()
-    elif table.kind == "mongodb":
-        rows, summary = _fold_documents(spark, writer, table, layout, decoded, summary)
-    if reread:
-        decoded.unpersist()
-    if table.apply_mode == "soft_delete":
-        rows = rows.append_column(DELETED_COLUMN, pc.equal(rows[OP_COLUMN], "d"))
+    rows, summary = _fold(spark, writer, table, layout, decoded)
+    if summary.bad_events and not exact:
+        frame = scratch.enter_context(spark_records(spark, events, value_type(layout), exact=True))
+        rows, summary = _fold(spark, writer, table, layout, decode_change_events(frame, layout))
     timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
     dead_lettered = 0
     if summary.bad_events:

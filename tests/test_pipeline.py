@@ -120,6 +120,21 @@ def test_a_bad_event_halts_the_batch_naming_topic_partition_offset(spark, broker
     assert writer.read_progress(table.target, table.app_id) is None  # nothing committed
 
 
+def test_a_value_the_line_reader_cannot_read_gets_from_json_s_verdict(spark, broker, writer, tmp_path):
+    """The local hand-over first reads a batch without its fallback for unreadable lines: an object
+    followed by other text is such a line. The batch is read again exactly, and the event gets
+    ``from_json``'s verdict, as on a cluster: the object is taken, the event applied."""
+    topic = new_topic(broker, "dbserver1.inventory.trailing")
+    events = [(encode_key({"id": i}), envelope("c", None, {"id": i}, postgres_source(i + 1, i, "s", "t"), i))
+              for i in range(3)]
+    events[1] = (events[1][0], events[1][1] + b" trailing text")
+    produce(broker, topic, events)
+    table = captured_table(topic, tmp_path)
+    report = run_batch(spark, broker, writer, table)
+    assert report.summary.bad_events == () and report.outcome.inserted == 3
+    assert sorted(k[0] for k in read_rows(spark, writer, table)) == [0, 1, 2]
+
+
 def test_seed_db2_customers_create_update_delete(spark, broker, writer, tmp_path):
     """Seed 000: the Db2 customers create, update and delete (with its tombstone)."""
     topic = new_topic(broker, "mydatabase.MYSCHEMA.CUSTOMERS")

@@ -64,6 +64,19 @@ def test_local_files_and_from_json_hand_over_the_same_records(spark, tmp_path):
     assert rows[12]["value"]["op"] == "c"  # as from_json reads it: the object, other text after it ignored
 
 
+def test_the_inexact_hand_over_differs_only_in_lines_the_reader_cannot_read(spark, tmp_path):
+    records = records_table(AWKWARD)
+    (tmp_path / "exact").mkdir(), (tmp_path / "fast").mkdir()
+    exact = parsed_from_files(spark, records, VALUE_TYPE, tmp_path / "exact").toArrow().sort_by("offset")
+    fast = parsed_from_files(spark, records, VALUE_TYPE, tmp_path / "fast", exact=False).toArrow().sort_by("offset")
+    assert fast["partition"] == exact["partition"] and fast["offset"] == exact["offset"]
+    unread = [i for i, value in enumerate(fast["value"].to_pylist()) if value is None]
+    assert unread == [4, 5, 6, 7, 9, 12]  # not objects, a raw control character, an object with text after it
+    assert exact["value"][12].as_py()["op"] == "c"
+    assert [row for i, row in enumerate(fast.to_pylist()) if i not in unread] == [
+        row for i, row in enumerate(exact.to_pylist()) if i not in unread]
+
+
 def test_spark_records_splits_a_batch_across_the_cores(spark):
     pairs = [(b'{"id": %d}' % i, b'{"op": "c", "after": {"name": "%s"}}' % (b"x" * 10_000)) for i in range(1000)]
     with spark_records(spark, records_table(pairs), VALUE_TYPE) as frame:
