@@ -66,7 +66,8 @@ def test_local_files_and_from_json_hand_over_the_same_records(spark, tmp_path):
 
 def test_the_inexact_hand_over_differs_only_in_lines_the_reader_cannot_read(spark, tmp_path):
     records = records_table(AWKWARD)
-    (tmp_path / "exact").mkdir(), (tmp_path / "fast").mkdir()
+    (tmp_path / "exact").mkdir()
+    (tmp_path / "fast").mkdir()
     exact = parsed_from_files(spark, records, VALUE_TYPE, tmp_path / "exact").toArrow().sort_by("offset")
     fast = parsed_from_files(spark, records, VALUE_TYPE, tmp_path / "fast", exact=False).toArrow().sort_by("offset")
     assert fast["partition"] == exact["partition"] and fast["offset"] == exact["offset"]
