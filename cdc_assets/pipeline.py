@@ -131,7 +131,7 @@ def _seconds_since(moment: datetime | None) -> float | None:
 
 def _sample(column: pa.ChunkedArray) -> list[bytes]:
     """The first and last few non-null values (newest last), for layout derivation."""
-    present = column.filter(pc.is_valid(column))
+    present = column.filter(pc.is_valid(column)) if column.null_count else column  # filter copies it all
     if len(present) <= 2 * _SAMPLE:
         return present.to_pylist()
     return present.slice(0, _SAMPLE).to_pylist() + present.slice(len(present) - _SAMPLE).to_pylist()
@@ -256,7 +256,7 @@ def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table:
     records = raw.records
     is_tombstone = pc.is_null(records["value"])
     tombstones = pc.sum(is_tombstone).as_py() or 0
-    events = records.filter(pc.invert(is_tombstone))
+    events = records.filter(pc.invert(is_tombstone)) if tombstones else records
     if raw.end_offsets == raw.start_offsets:
         return BatchReport(table, writer.name, raw, tombstones, None, None, timings)
 

@@ -132,6 +132,21 @@ def _field(parsed: Column, name: str) -> Column:
     return F.when(parsed["payload"].isNotNull(), parsed["payload"][name]).otherwise(parsed[name])
 
 
+def _key_field(key: Column, name: str, data_type: T.DataType) -> Column:
+    """Field ``name`` of the record key's JSON text, the ``payload``'s if the key is wrapped: as text,
+    or parsed as ``data_type`` if that is nested.
+
+    ``get_json_object`` reads it where it can (as ``from_json`` would read a string field: numbers
+    and objects as their JSON text): ``from_json`` has no generated code, and one use of it in the
+    decode keeps the whole decode out of Spark's whole-stage code generation. A wrapped key is one
+    with a non-null ``payload``."""
+    if is_nested(data_type) or "'" in name:  # not nameable in get_json_object's path syntax
+        return _field(F.from_json(key, _either(T.StructType([T.StructField(name, data_type)]))), name)
+    wrapped = F.get_json_object(key, "$['payload']").isNotNull()
+    return F.when(wrapped, F.get_json_object(key, f"$['payload']['{name}']")).otherwise(
+        F.get_json_object(key, f"$['{name}']"))
+
+
 def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataFrame:
     """Decode records into one typed row per change event, with ``_cdc_error`` per event.
 
@@ -146,8 +161,6 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
         F.col("value").isNotNull().alias("_env_is_object"),
         *[_field(F.col("value"), f.name).alias(f"_env_{f.name}") for f in body.fields],
     )
-    # Parsed lazily, inside coalesce: only events whose row image lacks a key column pay for it.
-    key = F.from_json(F.col("key"), _either(_as_parsed(layout.key_type)))
     env = {f.name: F.col(f"_env_{f.name}") for f in body.fields}
     op = env["op"]
     image = F.when(op == "d", env["before"]).otherwise(env["after"])
@@ -171,11 +184,12 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
                     F.when(text.isNotNull() & value.isNull(),
                            F.lit(f"column '{field.name}' value does not fit type {field.dataType.simpleString()}"))
                 )
-    key_fields = {field.name: field.dataType for field in layout.key_type.fields}
+    key_fields = {field.name: field.dataType for field in _as_parsed(layout.key_type).fields}
     row_columns = set(layout.row_type.fieldNames()) if layout.kind != "mongodb" else set()
-    for name in key_fields:
+    for name, data_type in key_fields.items():
         spec = layout.column_type(name)
-        from_key = convert(_field(key, name), spec)
+        # Read lazily, inside coalesce: only events whose row image lacks a key column pay for it.
+        from_key = convert(_key_field(F.col("key"), name, data_type), spec)
         # The key's columns are the row's own: the image has them unless the connector left it out.
         columns[name] = F.coalesce(convert(image[name], spec), from_key) if name in row_columns else from_key
 

@@ -44,9 +44,12 @@ def _number(value: Column, width: int = _NUMBER_WIDTH) -> Column:
 
 def _lsn(value: Column) -> Column:
     """An LSN of colon-separated hex parts as fixed-width hex (absent: all zeros)."""
-    parts = F.transform(F.split(F.lower(F.trim(value)), ":"), lambda part: F.lpad(part, _LSN_PART_WIDTH, "0"))
+    # Parts by index, not F.transform: higher-order functions have no generated code (see
+    # envelope._key_field). Parts past the third are cut, as the final lpad cut them before.
+    parts = F.split(F.lower(F.trim(value)), ":")
+    padded = [F.lpad(F.get(parts, index), _LSN_PART_WIDTH, "0") for index in range(_LSN_PARTS)]
     width = _LSN_PARTS * _LSN_PART_WIDTH
-    return F.coalesce(F.lpad(F.concat_ws("", parts), width, "0"), F.lit("0" * width))
+    return F.coalesce(F.lpad(F.concat_ws("", *padded), width, "0"), F.lit("0" * width))
 
 
 def _pg_lsn(value: Column) -> Column:
@@ -59,7 +62,8 @@ def source_position(source: Column, kind: str) -> Column:
     if kind == "postgresql":
         # Rows change under row locks, so per key the LSN orders changes; `sequence` ("[last commit
         # LSN, LSN]") only stands in when `lsn` is absent, keeping one width for every event.
-        return _pg_lsn(F.coalesce(source["lsn"], F.from_json(source["sequence"], "array<string>")[1]))
+        # get_json_object, not from_json: the latter has no generated code (see envelope._key_field).
+        return _pg_lsn(F.coalesce(source["lsn"], F.get_json_object(source["sequence"], "$[1]")))
     if kind == "sqlserver":
         return F.concat(_lsn(source["commit_lsn"]), _lsn(source["change_lsn"]), _number(source["event_serial_no"]))
     if kind == "db2":

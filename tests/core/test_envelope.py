@@ -2,11 +2,14 @@
 
 import json
 
+import pyarrow as pa
 import pytest
 
 from cdc_assets.core import decode_change_events, derive_layout, fold_batch
+from cdc_assets.core.envelope import value_type
 from cdc_assets.core.layout import LayoutError
 from cdc_assets.demo.events import encode_key, envelope, postgres_source, sqlserver_source
+from cdc_assets.io.spark import spark_records
 
 SOURCE = postgres_source(100, 1_700_000_000_000, "inventory", "products")
 
@@ -54,10 +57,12 @@ def test_numbers_sent_as_strings_parse_into_their_declared_type(hand_over):
     assert row["_cdc_source_ts"].year == 2021
 
 
-def test_delete_without_before_image_takes_its_key_from_the_record_key(hand_over):
+@pytest.mark.parametrize("wrapped_key", [False, True])
+def test_delete_without_before_image_takes_its_key_from_the_record_key(hand_over, wrapped_key):
     # PostgreSQL REPLICA IDENTITY DEFAULT: the delete names no row in its value.
-    records = [(encode_key({"id": 111}), envelope("c", None, {"id": 111, "name": "x"}, SOURCE, 1)),
-               (encode_key({"id": 111}), envelope("d", None, None, {**SOURCE, "lsn": 200}, 2))]
+    key = encode_key({"id": 111}, with_schema=wrapped_key)
+    records = [(key, envelope("c", None, {"id": 111, "name": "x"}, SOURCE, 1)),
+               (key, envelope("d", None, None, {**SOURCE, "lsn": 200}, 2))]
     layout, events = decode(hand_over, "postgresql", records)
     rows, summary = fold(events, layout)
     assert [(r["id"], r["_cdc_op"]) for r in rows] == [(111, "d")]
@@ -103,3 +108,27 @@ def test_sqlserver_primary_key_change_in_one_batch_removes_the_old_key(hand_over
     layout, events = decode(hand_over, "sqlserver", records)
     rows, _ = fold(events, layout)
     assert sorted((r["id"], r["_cdc_op"]) for r in rows) == [(1, "d"), (2, "c")]
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "sqlserver", "db2", "mysql", "oracle"])
+def test_the_decode_of_the_fast_hand_over_is_one_generated_stage(spark, capsys, kind):
+    # from_json and higher-order functions have no generated code: one use of either in the decode
+    # (the record key, PostgreSQL's sequence, an SQL Server LSN) kept the whole decode out of
+    # whole-stage code generation, copying every row between the hand-over, the decode and the fold.
+    key = encode_key({"id": 1})
+    value = envelope("c", None, {"id": 1, "name": "x"}, {"ts_ms": 1}, 1)
+    layout = derive_layout(kind, [key], [value])
+    table = pa.table({"partition": pa.array([0], pa.int32()), "offset": pa.array([0], pa.int64()),
+                      "key": pa.array([key], pa.binary()), "value": pa.array([value], pa.binary())})
+    with spark_records(spark, table, value_type(layout), exact=False) as frame:
+        events = decode_change_events(frame, layout)
+        spark.conf.set("spark.sql.adaptive.enabled", "false")  # so that the plan shows its code generation
+        capsys.readouterr()
+        try:
+            events.explain()
+            plan = capsys.readouterr().out
+        finally:
+            spark.conf.unset("spark.sql.adaptive.enabled")
+    operators = [line.lstrip(" +-:") for line in plan.splitlines()
+                 if line.lstrip(" +-:").startswith(("Project", "*(", "Filter"))]
+    assert operators and all(op.startswith("*(1) ") for op in operators), plan

@@ -44,6 +44,14 @@ def test_postgresql_sequence_stands_in_for_a_missing_lsn(spark):
     assert with_lsn < from_sequence and len(with_lsn) == len(from_sequence)
 
 
+def test_postgresql_sequence_without_an_lsn_in_it_orders_first_instead_of_failing_the_batch(spark):
+    # A sequence is "[last commit LSN, LSN]"; one of a single element used to fail the whole Spark job
+    # (INVALID_ARRAY_INDEX) instead of ordering as an event with no LSN.
+    no_lsn, short_sequence, with_lsn = positions(spark, "postgresql", [{}, {"sequence": '["90"]'}, {"lsn": "1"}])
+    assert no_lsn[:16] == short_sequence[:16] == "0" * 16  # the LSN part; the Kafka offset follows
+    assert short_sequence < with_lsn
+
+
 def test_db2_snapshot_reads_without_commit_lsn_sort_before_streamed_changes(spark):
     read, change = positions(spark, "db2", [
         {"change_lsn": "00000027:00000700:0001", "commit_lsn": None},
