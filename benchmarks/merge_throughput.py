@@ -48,7 +48,14 @@ from pyspark.sql import SparkSession
 from benchmarks.measure import PeakRss
 from cdc_assets.demo.broker import LocalBroker
 from cdc_assets.io.spark import spark_config
-from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, ensure_local_server, running_servers, stop_all
+from cdc_assets.io.spark_server import (
+    SERVER_DIR_ENV_VAR,
+    connect,
+    disconnect,
+    ensure_local_server,
+    running_servers,
+    stop_all,
+)
 
 TOPIC = "bench.public.accounts"
 
@@ -165,7 +172,7 @@ def run_project(bootstrap: str, batch: int, work: Path, local_server: bool = Tru
         started = time.perf_counter()
         warm_up = connect(ensure_local_server(settings))  # the run's own session comes next
         warm_up.range(1).count()
-        warm_up.stop()  # a session left open lives on in the server (60 min) with what it holds
+        disconnect(warm_up)  # frees its session slot, which the run takes next
         spark_start = time.perf_counter() - started
     else:
         spark_start = _start_spark(settings)

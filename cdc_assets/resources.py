@@ -16,7 +16,7 @@ from cdc_assets.io.delta import DeltaRsWriter, DeltaWriter, select_writer
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.signals import KafkaSignalChannel, SignalChannel, SignalError, SourceTableSignalChannel
 from cdc_assets.io.spark import spark_config
-from cdc_assets.io.spark_server import connect, ensure_local_server
+from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
 
 
 class SparkResource(LazyPySparkResource):
@@ -33,7 +33,7 @@ class SparkResource(LazyPySparkResource):
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         if self.local_server and self._spark_session is not None:
-            self._spark_session.stop()  # ends this run's session only: the server stays up, warm
+            disconnect(self._spark_session)  # this run's part only: the server stays up, warm
             self._spark_session = None
 
 

@@ -22,7 +22,7 @@ from cdc_assets.demo.events import Record
 from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.spark import has_delta, spark_config, spark_records
-from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, ensure_local_server, stop_all
+from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, disconnect, ensure_local_server, stop_all
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
 
 # Copies of ../shared/data/debezium-captures (real Debezium events, Apache License 2.0; see their README).
@@ -54,7 +54,7 @@ def spark() -> Iterator[SparkSession]:
     """A session on the local Spark server of the embedded default's settings."""
     session = connect(ensure_local_server(spark_config()))
     yield session
-    session.stop()
+    disconnect(session)
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ settings get a server of their own: servers are keyed by a fingerprint of their 
 
 The state lives in ``$CDC_SPARK_SERVER_DIR`` (default: ``<tmp>/cdc-assets-spark-<uid>``): per
 server ``<fingerprint>.json`` (supervisor pid, port), ``.lock`` (held while a client starts it) and
-``.log``.
+``.log``, and per session slot (``connect``) ``session-<port>-<slot>.lock`` (the session's id, locked
+by the client using it).
 
     python -m cdc_assets.io.spark_server status|stop
 """
@@ -32,9 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import psutil
 
@@ -118,13 +120,90 @@ def ensure_local_server(settings: Mapping[str, str], idle_timeout_s: float = 900
 
 
 def connect(url: str) -> SparkSession:
-    """A Spark Connect session on the local server at ``url``.
+    """A Spark Connect session on the local server at ``url``; ``disconnect`` ends it.
+
+    Runs take turns on a few long-lived server sessions, the server's session slots, instead of
+    opening a new session each. A slot is held under a file lock from ``connect`` to ``disconnect``
+    (or the process's end); a process that finds every slot taken gets a session of its own,
+    released on ``disconnect``. Why: Spark Connect gives every session a class loader of its own,
+    and Spark's cache of generated code is keyed by class loader, so a new session per run compiled
+    the merge path's code again and ran it cold (W1: ~2 s more server CPU per run, and a first batch
+    twice as long as the next ones). A reused session first drops what an earlier holder may have left
+    set (``RESET``: a run killed inside ``DeltaSparkWriter``'s commit settings).
 
     Spark Connect's client retries an unreachable server for ten minutes; a local server that is
     gone does not come back, so a run fails within seconds instead. A process is either a Spark
     Connect client or runs Spark in its own JVM (``pyspark.sql.functions`` serves one of them):
     Spark refuses this session if the process already runs a local JVM session.
     """
+    port = url.rsplit(":", 1)[-1]
+    for slot in range(_SESSION_SLOTS):
+        handle = _try_lock(server_dir() / f"session-{port}-{slot}.lock")
+        if handle is None:
+            continue
+        try:
+            session = _reused_session(url, handle)
+        except BaseException:
+            handle.close()
+            raise
+        _slots[id(session)] = handle
+        return session
+    return _session(url)
+
+
+def disconnect(session: SparkSession) -> None:
+    """End ``session`` (from ``connect``): a slot's session stays on the server for the next run, its
+    slot is freed; a session of its own is released."""
+    handle = _slots.pop(id(session), None)
+    if handle is not None:
+        session.release_session_on_close = False
+    session.stop()
+    if handle is not None:
+        handle.close()  # frees the slot's lock
+
+
+# Sessions of a server that runs take turns on (``connect``): more runs at once than this get sessions
+# of their own.
+_SESSION_SLOTS = 8
+_slots: dict[int, IO[str]] = {}  # id(session) -> its slot's locked file
+
+
+def _try_lock(path: Path) -> IO[str] | None:
+    """``path`` opened and exclusively locked, or None if another holder has it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def _reused_session(url: str, slot: IO[str]) -> SparkSession:
+    """The session of a locked ``slot`` (its id kept in the slot's file): a new one if the slot has
+    none yet or the server closed it (Spark Connect closes a session idle for an hour)."""
+    slot.seek(0)
+    session_id = slot.read().strip()
+    if session_id:
+        session = _session(f"{url}/;session_id={session_id}")
+        try:
+            session.sql("RESET")
+            return session
+        except Exception as exc:
+            session.release_session_on_close = False
+            session.stop()
+            if "SESSION_CLOSED" not in str(exc):
+                raise
+    session_id = str(uuid.uuid4())
+    slot.seek(0)
+    slot.truncate()
+    slot.write(session_id)
+    slot.flush()
+    return _session(f"{url}/;session_id={session_id}")
+
+
+def _session(url: str) -> SparkSession:
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
@@ -216,6 +295,8 @@ def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float, 
         with _locked(state_path.with_suffix(".lock")):
             with contextlib.suppress(OSError):
                 state_path.unlink()
+            for slot in state_path.parent.glob(f"session-{port}-*.lock"):  # its sessions end with it
+                slot.unlink(missing_ok=True)
             jvm.terminate()
             try:
                 jvm.wait(60)

@@ -8,7 +8,7 @@ import time
 import psutil
 
 from cdc_assets.io.spark import spark_config
-from cdc_assets.io.spark_server import connect, ensure_local_server, fingerprint, running_servers
+from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server, fingerprint, running_servers
 
 
 def _server(settings):
@@ -40,7 +40,7 @@ def test_an_idle_server_stops_itself_and_a_gone_one_is_replaced():
     settings = spark_config(conf={"spark.app.name": "cdc-assets-idle-test"})  # a server of its own
     first = connect(ensure_local_server(settings, idle_timeout_s=1.0))
     assert first.range(5).count() == 5
-    first.stop()  # the session is released; the server idles
+    disconnect(first)  # no client is connected now: the server idles
     pid = _server(settings)["pid"]
     deadline = time.monotonic() + 90
     while _server(settings) is not None and time.monotonic() < deadline:
@@ -63,4 +63,37 @@ def test_an_idle_server_stops_itself_and_a_gone_one_is_replaced():
     third = connect(ensure_local_server(settings, idle_timeout_s=600))
     assert third.range(4).count() == 4
     assert _server(settings)["pid"] != replaced
-    third.stop()
+    disconnect(third)
+
+
+def test_runs_take_turns_on_the_server_sessions_and_find_them_clean(spark):
+    """One after another, runs get the same server session (its compiled code stays warm); at the same
+    time, sessions of their own; a setting a killed run left behind is gone."""
+    url = ensure_local_server(spark_config())
+    first = connect(url)
+    first.conf.set("spark.databricks.delta.write.txnVersion", "7")  # as if killed inside a commit
+    same_time = connect(url)
+    assert len({spark.session_id, first.session_id, same_time.session_id}) == 3
+    disconnect(same_time)
+    disconnect(first)
+    second = connect(url)
+    try:
+        assert second.session_id == first.session_id
+        assert second.conf.get("spark.databricks.delta.write.txnVersion", None) is None
+        assert second.range(3).count() == 3
+    finally:
+        disconnect(second)
+
+
+def test_a_slot_whose_session_the_server_closed_gets_a_new_one(spark):
+    url = ensure_local_server(spark_config())
+    first = connect(url)
+    closed = first.session_id
+    first.stop()  # releases the server session (as the server does after an hour unused)
+    disconnect(first)  # frees the slot
+    second = connect(url)
+    try:
+        assert second.session_id != closed
+        assert second.range(2).count() == 2
+    finally:
+        disconnect(second)
