@@ -155,11 +155,17 @@ def disconnect(session: SparkSession) -> None:
     """End ``session`` (from ``connect``): a slot's session stays on the server for the next run, its
     slot is freed; a session of its own is released."""
     handle = _slots.pop(id(session), None)
-    if handle is not None:
-        session.release_session_on_close = False
+    if handle is None:
+        session.stop()
+        return
+    _close_client(session)
+    handle.close()  # frees the slot's lock
+
+
+def _close_client(session: SparkSession) -> None:
+    """Close ``session``'s connection, leaving the session on the server."""
+    session.release_session_on_close = False
     session.stop()
-    if handle is not None:
-        handle.close()  # frees the slot's lock
 
 
 # Sessions of a server that runs take turns on (``connect``): more runs at once than this get sessions
@@ -191,8 +197,7 @@ def _reused_session(url: str, slot: IO[str]) -> SparkSession:
             session.sql("RESET")
             return session
         except Exception as exc:
-            session.release_session_on_close = False
-            session.stop()
+            _close_client(session)
             if "SESSION_CLOSED" not in str(exc):
                 raise
     session_id = str(uuid.uuid4())
