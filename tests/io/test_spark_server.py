@@ -6,9 +6,18 @@ import signal
 import time
 
 import psutil
+import pytest
+from pyspark.sql import SparkSession
 
 from cdc_assets.io.spark import spark_config
-from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server, fingerprint, running_servers
+from cdc_assets.io.spark_server import (
+    connect,
+    disconnect,
+    ensure_local_server,
+    fingerprint,
+    running_servers,
+    server_dir,
+)
 
 
 def _server(settings):
@@ -41,11 +50,13 @@ def test_an_idle_server_stops_itself_and_a_gone_one_is_replaced():
     first = connect(ensure_local_server(settings, idle_timeout_s=1.0))
     assert first.range(5).count() == 5
     disconnect(first)  # no client is connected now: the server idles
-    pid = _server(settings)["pid"]
+    pid, port = _server(settings)["pid"], _server(settings)["port"]
+    assert list(server_dir().glob(f"session-{port}-*.lock"))
     deadline = time.monotonic() + 90
     while _server(settings) is not None and time.monotonic() < deadline:
         time.sleep(1)
     assert _server(settings) is None, "an idle server should stop itself"
+    assert not list(server_dir().glob(f"session-{port}-*.lock")), "a stopped server's session slots should go"
 
     # The next session starts a new server; one killed under it is replaced by the next ensure.
     second = connect(ensure_local_server(settings, idle_timeout_s=600))
@@ -97,3 +108,27 @@ def test_a_slot_whose_session_the_server_closed_gets_a_new_one(spark):
         assert second.range(2).count() == 2
     finally:
         disconnect(second)
+
+
+def test_a_run_finding_every_slot_taken_gets_a_session_of_its_own_released_at_its_end(spark):
+    url = ensure_local_server(spark_config())
+    held = []
+    try:
+        while True:  # every slot the tests' own session left free
+            session = connect(url)
+            held.append(session)
+            port = url.rsplit(":", 1)[-1]
+            slot_ids = {path.read_text().strip() for path in server_dir().glob(f"session-{port}-*.lock")}
+            if session.session_id not in slot_ids:
+                break
+            assert len(held) <= 8, "more slot sessions than slots"
+        extra = held.pop()
+        assert extra.range(2).count() == 2
+        disconnect(extra)
+        gone = SparkSession.builder.remote(f"{url}/;session_id={extra.session_id}").create()
+        with pytest.raises(Exception, match="SESSION_CLOSED"):
+            gone.range(1).count()
+        gone.client.close()
+    finally:
+        for session in held:
+            disconnect(session)
