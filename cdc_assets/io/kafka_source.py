@@ -4,9 +4,10 @@ The consumer is used with ``assign`` + ``seek`` and never auto-commits: the offs
 are the ones committed with the data into Delta. A batch ends at the high watermarks seen when it
 starts, or earlier at the record/byte bounds, so a run never chases a moving end.
 
-Partitions are read in turn: only the partition whose turn it is fetches, the others are paused.
-What the client holds fetched is then one partition's share, even from a broker that answers a
-fetch with each partition's whole backlog (the local broker ignores fetch size limits). A turn
+Partitions are read in turn: only the partition whose turn it is is assigned and fetches (with the
+next one, near the turn's end). What the client holds fetched is then one partition's share, even
+from a broker that answers a fetch with each partition's whole backlog (the local broker ignores
+fetch size limits). A turn
 ends when its partition reaches the high watermark seen when the turn began, so a partition that
 keeps receiving records cannot keep the others waiting.
 """
@@ -77,8 +78,8 @@ class KafkaSource:
         self._settings = {**_CONSUMER_DEFAULTS, **settings}
         self._consumer: Consumer | None = None
         self._retries, self._backoff_s = retries, backoff_s
+        # The partitions assigned (fetching), each with the offset it was assigned at.
         self._assigned_at: dict[int, int] = {}
-        self._paused: set[int] = set()
         # The partition being read in turn: (topic, partition, offset its turn ends at; -1: over).
         self._turn: tuple[str, int, int] | None = None
         self._reader: ThreadPoolExecutor | None = None
@@ -211,13 +212,12 @@ class KafkaSource:
         chunks: list[pa.RecordBatch] = []
         size = 0
         if pending:
-            self._position_at(consumer, topic, partitions, start)
+            self._position_at(consumer, topic, start)
             try:
                 size = self._consume(consumer, topic, self._turn_order(topic, pending, start), end, high, chunks,
                                      max_records, max_bytes, poll_timeout_s)
             except BaseException:
-                consumer.unassign()
-                self._paused.clear()
+                self._unassign(consumer, topic, list(self._assigned_at))
                 raise
         consumed = time.perf_counter()
         records = pa.Table.from_batches(chunks, schema=RAW_SCHEMA)
@@ -232,34 +232,31 @@ class KafkaSource:
             timings={"consume_s": consumed - started, "to_arrow_s": time.perf_counter() - consumed},
         )
 
-    def _position_at(self, consumer: Consumer, topic: str, partitions: list[int], start: Mapping[int, int]) -> None:
-        """Make the consumer hand out each partition's records from ``start``, every partition paused
-        but the one it was reading.
+    def _position_at(self, consumer: Consumer, topic: str, start: Mapping[int, int]) -> None:
+        """Make the consumer hand out each partition's records from ``start``; a partition is assigned,
+        and fetches, only from its turn (``_fetch_only``).
 
-        The assignment is kept between batches: when the previous batch of this topic ended exactly
-        where this one starts, the records librdkafka already fetched are used instead of fetched
-        again (a broker may answer one fetch with the whole backlog). Otherwise: assign anew.
+        What is assigned is kept between batches when it continues exactly where this batch starts:
+        the records librdkafka already fetched are used instead of fetched again (a broker may answer
+        one fetch with the whole backlog). Otherwise nothing stays assigned.
         """
-        continues = False
-        assigned = {(tp.topic, tp.partition) for tp in consumer.assignment()}
-        if assigned == {(topic, p) for p in partitions}:
-            positions = consumer.position([TopicPartition(topic, p) for p in partitions])
-            # No record handed out yet since the assignment: the position is unknown (negative).
-            continues = all((tp.offset if tp.offset >= 0 else self._assigned_at.get(tp.partition))
-                            == start[tp.partition] for tp in positions)
+        assigned = consumer.assignment()
+        if not assigned:
+            return
+        # No record handed out yet since the assignment: the position is unknown (negative).
+        continues = all(tp.topic == topic and tp.partition in start
+                        and (tp.offset if tp.offset >= 0 else self._assigned_at.get(tp.partition))
+                        == start[tp.partition] for tp in consumer.position(assigned))
         if not continues:
-            consumer.assign([TopicPartition(topic, p, start[p]) for p in partitions])
-            self._assigned_at = dict(start)
-            self._paused.clear()
-            # Nothing fetches until its turn (``_fetch_only``).
-            self._pause(consumer, topic, partitions)
+            consumer.incremental_unassign(assigned)
+            self._assigned_at.clear()
 
-    def _pause(self, consumer: Consumer, topic: str, partitions: list[int]) -> None:
+    def _unassign(self, consumer: Consumer, topic: str, partitions: list[int]) -> None:
         """Stop fetching ``partitions`` (what librdkafka fetched of them is dropped, to be fetched again)."""
-        partitions = [p for p in partitions if p not in self._paused]
         if partitions:
-            consumer.pause([TopicPartition(topic, p) for p in partitions])
-            self._paused.update(partitions)
+            consumer.incremental_unassign([TopicPartition(topic, p) for p in partitions])
+            for partition in partitions:
+                del self._assigned_at[partition]
 
     def _turn_end(self, topic: str, partition: int, high: Mapping[int, int]) -> int:
         """Where ``partition``'s turn ends (a turn begins here unless this partition's goes on)."""
@@ -267,13 +264,19 @@ class KafkaSource:
             self._turn = (topic, partition, high[partition])
         return min(high[partition], self._turn[2])
 
-    def _fetch_only(self, consumer: Consumer, topic: str, partitions: list[int]) -> None:
-        """Let ``partitions`` fetch, every other one paused."""
-        self._pause(consumer, topic, [p for p in self._assigned_at if p not in partitions])
-        resumed = [p for p in partitions if p in self._paused]
-        if resumed:
-            consumer.resume([TopicPartition(topic, p) for p in resumed])
-            self._paused.difference_update(resumed)
+    def _fetch_only(self, consumer: Consumer, topic: str, partitions: list[int], end: Mapping[int, int]) -> None:
+        """Let ``partitions`` fetch, those not assigned yet from ``end``; no other partition is assigned.
+
+        Assigned only at its turn, not assigned and paused: librdkafka fetches a partition as soon as
+        it is assigned, and a pause comes too late for the fetch already sent. From a broker that
+        answers with whole backlogs, a first batch then waited for every partition's (W1: 1.7-2.5 s
+        against 0.6 s for its first 100,000 records).
+        """
+        self._unassign(consumer, topic, [p for p in self._assigned_at if p not in partitions])
+        new = [p for p in partitions if p not in self._assigned_at]
+        if new:
+            consumer.incremental_assign([TopicPartition(topic, p, end[p]) for p in new])
+            self._assigned_at.update({p: end[p] for p in new})
 
     def _turn_order(self, topic: str, pending: list[int], start: Mapping[int, int]) -> list[int]:
         """The pending partitions in the order this batch reads them: the one whose turn goes on
@@ -308,9 +311,9 @@ class KafkaSource:
             left = until[partition] - end[partition]
             if left < max_records - count and index + 1 < len(order):
                 room[order[index + 1]] = max_records - count - left
-                self._fetch_only(consumer, topic, order[index:index + 2])
+                self._fetch_only(consumer, topic, order[index:index + 2], end)
             else:
-                self._fetch_only(consumer, topic, [partition])
+                self._fetch_only(consumer, topic, [partition], end)
             last_progress = time.monotonic()
             while end[partition] < until[partition] and count < max_records and size < max_bytes:
                 # Never ask for more than the partitions still hold up to their ends: consume returns
@@ -366,7 +369,7 @@ class KafkaSource:
             if end[partition] >= until[partition]:
                 # The turn is over. A fetch at the end of a partition is a long poll the broker serves
                 # over and over while the batch is applied (the local broker spends a core on it).
-                self._pause(consumer, topic, [partition])
+                self._unassign(consumer, topic, [partition])
                 self._turn = (topic, partition, -1)
         return size
 

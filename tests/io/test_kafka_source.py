@@ -1,5 +1,8 @@
 """The Kafka source reads bounded, contiguous batches from given offsets on the real broker."""
 
+import json
+import time
+
 import pytest
 
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
@@ -173,6 +176,30 @@ def test_a_partition_that_keeps_receiving_records_does_not_hold_up_the_others(br
     assert _by_partition(second) == {0: [6, 7, 8, 9], 1: [0, 1]}  # partition 0's turn ended at offset 10
     third = source.read_batch(topic, second.end_offsets, max_records=6, max_bytes=10**9, poll_timeout_s=10)
     assert _by_partition(third) == {1: [2, 3], 0: [10, 11, 12, 13]}
+
+
+def test_partitions_not_in_turn_are_not_fetched_at_all(broker):
+    """A partition is fetched from its turn only, not fetched at once and dropped: librdkafka's own
+    counts of the messages it received, or received and dropped, for partitions not yet in turn are
+    zero (a broker that answers with whole backlogs would otherwise send every partition's)."""
+    stats: list[dict] = []
+    source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "source-tests",
+                          "statistics.interval.ms": 50, "stats_cb": lambda text: stats.append(json.loads(text))})
+    try:
+        topic = new_topic(broker, "src.fetched", partitions=3)
+        for partition in range(3):
+            produce(broker, topic, records(200, f"p{partition}-"), partition=partition)
+        first = source.read_batch(topic, None, max_records=10, max_bytes=10**9, poll_timeout_s=10)
+        assert _by_partition(first) == {0: list(range(10))}
+        time.sleep(0.3)  # statistics are emitted meanwhile, and handed out by the next consume call
+        source._client().consume(1, timeout=0.1)
+        partitions = stats[-1]["topics"][topic]["partitions"]
+        assert partitions["0"]["rxmsgs"] > 0
+        for partition in ("1", "2"):
+            received = partitions.get(partition, {})
+            assert (received.get("rxmsgs", 0), received.get("rx_ver_drops", 0)) == (0, 0), partition
+    finally:
+        source.close()
 
 
 @pytest.mark.parametrize("max_records", [4, 7, 16, 50])
