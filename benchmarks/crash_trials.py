@@ -52,8 +52,9 @@ def worker(args: argparse.Namespace) -> None:
     table = CapturedTable("crash", "postgresql", "crash", "public.accounts", TOPIC, DeltaTarget(args.delta))
     source = KafkaSource({"bootstrap.servers": args.bootstrap, "group.id": "crash"})
     writer = DeltaRsWriter()
-    limits = BatchLimits(max_records=args.batch)
-    while not pipeline.merge_micro_batch(spark, source, writer, table, limits).raw.caught_up:
+    # As a run does: the next batch folded while one is merged (so kills land in either).
+    limits = BatchLimits(max_records=args.batch, max_batches_per_run=1_000_000)
+    for _ in pipeline.merge_micro_batches(spark, source, writer, table, limits):
         pass
     source.close()
     print("caught up", flush=True)

@@ -24,7 +24,7 @@ from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
 from cdc_assets.io.transactions import update_watermark
-from cdc_assets.pipeline import BatchReport, merge_micro_batch
+from cdc_assets.pipeline import BatchReport, merge_micro_batches
 from cdc_assets.resources import DeltaResource, KafkaResource
 
 CDC_KINDS = {"spark", "delta", "kafka"}
@@ -155,14 +155,11 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits,
         batch_limits = limits.model_copy(update={k: v for k, v in overrides.items() if v})
         writer = delta.writer_for(session)
         reports: list[BatchReport] = []
-        while len(reports) < batch_limits.max_batches_per_run:
-            report = merge_micro_batch(session, kafka.source(), writer, table, batch_limits)
+        # Until caught up, or nothing could be applied (a transaction waits): the next run goes on.
+        for report in merge_micro_batches(session, kafka.source(), writer, table, batch_limits):
             reports.append(report)
             context.log.info(f"{table.topic}: batch {len(reports)}, {report.events_read} events read, "
                              f"offsets {report.offsets_json()}")
-            # Caught up, or nothing could be applied (a transaction waits): the next run goes on.
-            if report.raw.caught_up or report.raw.end_offsets == report.raw.start_offsets:
-                break
         applied = [r for r in reports if r.outcome is not None]
         if applied:
             kafka.source().commit_group_offsets(table.topic, applied[-1].raw.end_offsets)

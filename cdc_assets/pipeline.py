@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
@@ -229,24 +230,122 @@ def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch
     }
 
 
+def merge_micro_batches(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
+                        limits: BatchLimits) -> Iterator[BatchReport]:
+    """Apply ``table``'s new change events to Delta, one bounded micro-batch (one commit) after another,
+    each read from the offsets the previous one committed: up to ``limits.max_batches_per_run``
+    batches, until one reaches the high watermarks seen at its start or can apply nothing.
+
+    A batch ends at those high watermarks, or earlier at ``limits``. Its data and offsets are
+    committed together; on any bad event nothing of it is committed (the batches before it stay).
+
+    Where a batch's fold does not depend on the previous batch's commit (``_pipelined``), batch N+1
+    is read, handed over and folded while batch N is merged, from N's end offsets and the layout
+    the table had before N's merge. N+1 is applied only if N's commit left the table where N+1
+    assumed; otherwise it is prepared again from what Delta holds.
+    """
+    # The batch being prepared ahead, and the progress it assumes the batch before it commits.
+    ahead: tuple[Future[_Prepared], TableProgress] | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-batch-ahead") as pool:
+        try:
+            for number in range(1, limits.max_batches_per_run + 1):
+                started = time.perf_counter()
+                progress = writer.read_progress(table.target, table.app_id)
+                schema = writer.table_schema(table.target)
+                read_progress_s = time.perf_counter() - started
+                taken = _taken(*ahead, table, progress, schema) if ahead is not None else None
+                ahead = None
+                prepared = taken or _prepare(spark, source, writer, table, limits, progress, schema)
+                prepared.timings["read_progress_s"] = read_progress_s
+                if (_pipelined(table, writer) and prepared.rows is not None and not prepared.raw.caught_up
+                        and number < limits.max_batches_per_run):
+                    assumed = _progress_after(prepared)
+                    ahead = pool.submit(_prepare, spark, source, writer, table, limits, assumed, schema), assumed
+                report = _apply(writer, table, prepared)
+                report.timings["total_s"] = time.perf_counter() - started
+                yield replace(report, raw=report.raw.without_records())
+                if report.raw.caught_up or report.raw.end_offsets == report.raw.start_offsets:
+                    return
+        finally:
+            if ahead is not None:
+                with contextlib.suppress(Exception):
+                    ahead[0].result()  # let it finish before the source and session are used or closed
+
+
 def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
                       limits: BatchLimits) -> BatchReport:
-    """Read one bounded batch of ``table``'s topic from its committed offsets and apply it to Delta.
-
-    The batch ends at the high watermarks seen at its start, or earlier at ``limits``. The data and
-    the offsets are committed together; on any bad event nothing is committed.
-    """
-    with contextlib.ExitStack() as scratch:
-        report = _merge(spark, source, writer, table, limits, scratch)
-    return replace(report, raw=report.raw.without_records())
+    """One micro-batch of ``merge_micro_batches``: read from ``table``'s committed offsets and applied."""
+    return next(merge_micro_batches(spark, source, writer, table, limits.model_copy(update={"max_batches_per_run": 1})))
 
 
-def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
-           limits: BatchLimits, scratch: contextlib.ExitStack) -> BatchReport:
+def _pipelined(table: CapturedTable, writer: DeltaWriter) -> bool:
+    """Whether ``table``'s next batch can be folded while the current one is merged: its fold must not
+    read the table (MongoDB documents are patched onto the current rows) nor cut batches to whole
+    transactions (which reads the transaction topic with the same consumer), and the writer must not
+    use the Spark session that folds (delta-spark MERGEs through it)."""
+    return (table.apply_mode in ("scd1", "soft_delete") and table.kind != "mongodb"
+            and table.transaction_log is None and writer.name == "delta-rs")
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A batch read and folded but not applied: what ``_apply`` needs. ``commit`` None: nothing to
+    commit; ``rows`` None with a commit: offsets only (a batch of tombstones)."""
+
+    raw: RawBatch
+    tombstones: int
+    timings: dict[str, float]
+    commit: CommitRequest | None = None
+    events: pa.Table | None = None
+    layout: ChangeEventLayout | None = None
+    existing: StructType | None = None  # the table's schema the layout was derived with
+    rows: pa.Table | None = None
+    summary: BatchSummary | None = None
+    transactions: dict[str, object] | None = None
+
+
+def _progress_after(prepared: _Prepared) -> TableProgress:
+    """The table's progress once ``prepared`` is committed (its txn and Delta versions unknown yet)."""
+    assert prepared.commit is not None
+    return TableProgress(dict(prepared.commit.offsets), prepared.commit.version, -1, prepared.commit.key_columns)
+
+
+def _taken(following: Future[_Prepared], assumed: TableProgress, table: CapturedTable,
+           progress: TableProgress | None, schema: StructType | None) -> _Prepared | None:
+    """The batch prepared ahead, if the commit before it left the table as it assumed: the offsets
+    (and key columns) it starts from, and a layout derived from its events and the table's schema
+    now the same as the one it was folded with. None: prepare it again."""
+    try:
+        prepared = following.result()
+    except Exception:
+        return None  # prepared again from what Delta holds, and fails again if it must
+    if progress is None or (progress.offsets, progress.key_columns) != (assumed.offsets, assumed.key_columns):
+        return None
+    if prepared.layout is None or prepared.events is None:
+        return prepared if schema == prepared.existing else None
+    return prepared if _derive_layout(table, prepared.raw, prepared.events, schema) == prepared.layout else None
+
+
+def _derive_layout(table: CapturedTable, raw: RawBatch, events: pa.Table, existing: StructType | None
+                   ) -> ChangeEventLayout:
+    """The layout of the batch's events (``core.layout``), given the table's Delta schema."""
+    existing_rows = None
+    if existing is not None:
+        existing_rows = StructType([f for f in existing.fields if not f.name.startswith(HIDDEN_PREFIX)])
+    try:
+        return derive_layout(table.kind, _sample(events["key"]), _sample(events["value"]),
+                             table.key_columns, table.columns, existing_rows)
+    except LayoutError as exc:
+        offsets = {p: f"{raw.start_offsets[p]}..{raw.end_offsets[p]}" for p in sorted(raw.start_offsets)}
+        raise LayoutError(f"table '{table.name}', topic {table.topic}, batch offsets by partition {offsets}: "
+                          f"{exc}. Nothing was committed") from exc
+
+
+def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
+             limits: BatchLimits, progress: TableProgress | None, existing: StructType | None) -> _Prepared:
+    """Read the batch that starts at ``progress`` and fold it, for a table whose Delta schema is
+    ``existing``: everything before the commit, nothing written."""
     timings: dict[str, float] = {}
-    started = time.perf_counter()
-    progress = writer.read_progress(table.target, table.app_id)
-    timings["read_progress_s"] = time.perf_counter() - started
     # Read the next batch while this one is applied; not for tables cut to whole transactions, whose
     # batches also read the transaction topic with the same consumer.
     raw = source.read_batch(table.topic, progress.offsets if progress else None, limits.max_records,
@@ -258,64 +357,66 @@ def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table:
     tombstones = pc.sum(is_tombstone).as_py() or 0
     events = records.filter(pc.invert(is_tombstone)) if tombstones else records
     if raw.end_offsets == raw.start_offsets:
-        return BatchReport(table, writer.name, raw, tombstones, None, None, timings)
-
+        return _Prepared(raw, tombstones, timings, existing=existing)
     commit = CommitRequest(table.app_id, sum(raw.end_offsets.values()), table.topic, raw.end_offsets,
                            progress.key_columns if progress else ())
-    existing = writer.table_schema(table.target)
-    if events.num_rows == 0:
-        if existing is None:
-            return BatchReport(table, writer.name, raw, tombstones, None, None, timings)
-        mark = time.perf_counter()
-        outcome = writer.commit_progress(table.target, commit)
-        timings["merge_commit_s"] = time.perf_counter() - mark
-        return BatchReport(table, writer.name, raw, tombstones, None, outcome, timings)
+    if events.num_rows == 0:  # tombstones only: the offsets are committed to an existing table
+        return _Prepared(raw, tombstones, timings, commit if existing is not None else None, existing=existing)
 
-    existing_rows = None
-    if existing is not None:
-        existing_rows = StructType([f for f in existing.fields if not f.name.startswith(HIDDEN_PREFIX)])
-    try:
-        layout = derive_layout(table.kind, _sample(events["key"]), _sample(events["value"]),
-                               table.key_columns, table.columns, existing_rows)
-    except LayoutError as exc:
-        offsets = {p: f"{raw.start_offsets[p]}..{raw.end_offsets[p]}" for p in sorted(raw.start_offsets)}
-        raise LayoutError(f"table '{table.name}', topic {table.topic}, batch offsets by partition {offsets}: "
-                          f"{exc}. Nothing was committed") from exc
-
+    layout = _derive_layout(table, raw, events, existing)
     commit = replace(commit, key_columns=layout.key_columns)
     # The local hand-over first reads a batch without its fallback for unreadable lines (less Spark CPU
     # a batch); a batch with any bad event is read again, exactly, so that bad events get the exact
     # verdict. Batches cut to whole transactions are read exactly at once: the cut counts good events.
     exact = table.transaction_log is not None or not is_local(spark)
-    mark = time.perf_counter()
-    frame = scratch.enter_context(spark_records(spark, events, value_type(layout), exact))
-    timings["to_spark_s"] = time.perf_counter() - mark
-    mark = time.perf_counter()
-    decoded = decode_change_events(frame, layout)
-    transactions: dict[str, object] | None = None
-    if table.transaction_log is not None:
-        cut_offsets, transactions = _whole_transactions(source, table, raw, progress, decoded)
-        if cut_offsets is None and not raw.caught_up:
-            raise BatchTooSmallError(
-                f"table '{table.name}' (topic {table.topic}): the first waiting transaction(s) "
-                f"{transactions['waiting']} do not fit in a batch of {limits.max_records} records / "
-                f"{limits.max_bytes} bytes; raise the batch limits (max_records_per_batch in the run config)")
-        if cut_offsets is None:  # nothing whole yet: commit nothing, report what waits
-            return BatchReport(table, writer.name, replace(raw, end_offsets=dict(raw.start_offsets)), tombstones,
-                               None, None, timings, transactions=transactions)
-        if cut_offsets != raw.end_offsets:
-            decoded = decoded.where(_before(cut_offsets, F.col(PARTITION_COLUMN), F.col(OFFSET_COLUMN)))
-            events = events.filter(_before_arrow(cut_offsets, events))
-            raw = replace(raw, end_offsets=cut_offsets)
-        commit = replace(commit, version=sum(cut_offsets.values()), offsets=cut_offsets, transactions=transactions)
-    rows, summary = _fold(spark, writer, table, layout, decoded)
-    if summary.bad_events and not exact:
-        frame = scratch.enter_context(spark_records(spark, events, value_type(layout), exact=True))
-        rows, summary = _fold(spark, writer, table, layout, decode_change_events(frame, layout))
-    timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
+    with contextlib.ExitStack() as scratch:
+        mark = time.perf_counter()
+        frame = scratch.enter_context(spark_records(spark, events, value_type(layout), exact))
+        timings["to_spark_s"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        decoded = decode_change_events(frame, layout)
+        transactions: dict[str, object] | None = None
+        if table.transaction_log is not None:
+            cut_offsets, transactions = _whole_transactions(source, table, raw, progress, decoded)
+            if cut_offsets is None and not raw.caught_up:
+                raise BatchTooSmallError(
+                    f"table '{table.name}' (topic {table.topic}): the first waiting transaction(s) "
+                    f"{transactions['waiting']} do not fit in a batch of {limits.max_records} records / "
+                    f"{limits.max_bytes} bytes; raise the batch limits (max_records_per_batch in the run config)")
+            if cut_offsets is None:  # nothing whole yet: commit nothing, report what waits
+                return _Prepared(replace(raw, end_offsets=dict(raw.start_offsets)), tombstones, timings,
+                                 existing=existing, transactions=transactions)
+            if cut_offsets != raw.end_offsets:
+                decoded = decoded.where(_before(cut_offsets, F.col(PARTITION_COLUMN), F.col(OFFSET_COLUMN)))
+                events = events.filter(_before_arrow(cut_offsets, events))
+                raw = replace(raw, end_offsets=cut_offsets)
+            commit = replace(commit, version=sum(cut_offsets.values()), offsets=cut_offsets,
+                             transactions=transactions)
+        rows, summary = _fold(spark, writer, table, layout, decoded)
+        if summary.bad_events and not exact:
+            frame = scratch.enter_context(spark_records(spark, events, value_type(layout), exact=True))
+            rows, summary = _fold(spark, writer, table, layout, decode_change_events(frame, layout))
+        timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
+    return _Prepared(raw, tombstones, timings, commit, events, layout, existing, rows, summary, transactions)
+
+
+def _apply(writer: DeltaWriter, table: CapturedTable, prepared: _Prepared) -> BatchReport:
+    """Commit a prepared batch: its rows and offsets, or its offsets alone; or halt on bad events
+    (or put them in the dead-letter table, as the table is configured) before anything is committed."""
+    raw, timings = prepared.raw, prepared.timings
+    report = BatchReport(table, writer.name, raw, prepared.tombstones, prepared.summary, None, timings,
+                         transactions=prepared.transactions)
+    if prepared.commit is None:
+        return report
+    if prepared.rows is None:
+        mark = time.perf_counter()
+        outcome = writer.commit_progress(table.target, prepared.commit)
+        timings["merge_commit_s"] = time.perf_counter() - mark
+        return replace(report, outcome=outcome)
+    assert prepared.summary is not None and prepared.events is not None and prepared.layout is not None
     dead_lettered = 0
-    if summary.bad_events:
-        bad = summary.bad_events
+    if prepared.summary.bad_events:
+        bad, events = prepared.summary.bad_events, prepared.events
         if table.on_bad_event != "dead_letter" or table.dead_letter is None:
             first = bad[0]
             reason = explain_bad_value(_value_at(events, first.partition, first.offset), first.reason)
@@ -326,8 +427,7 @@ def _merge(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table:
         timings["dead_letter_s"] = time.perf_counter() - mark
     _checkpoint("folded")
     mark = time.perf_counter()
-    outcome = writer.merge(table.target, rows, layout.key_columns, commit, table.apply_mode)
+    outcome = writer.merge(table.target, prepared.rows, prepared.layout.key_columns, prepared.commit, table.apply_mode)
     timings["merge_commit_s"] = time.perf_counter() - mark
     _checkpoint("committed")
-    timings["total_s"] = time.perf_counter() - started
-    return BatchReport(table, writer.name, raw, tombstones, summary, outcome, timings, dead_lettered, transactions)
+    return replace(report, outcome=outcome, dead_lettered=dead_lettered)

@@ -2,13 +2,17 @@
 
 import datetime as dt
 import json
+import threading
 
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from cdc_assets import pipeline
+from cdc_assets.config import BatchLimits
 from cdc_assets.demo.events import db2_source, encode_key, envelope, postgres_source
-from cdc_assets.pipeline import BadEventError
+from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.pipeline import BadEventError, merge_micro_batches
 from tests.conftest import CAPTURES, captured_table, new_topic, produce, read_rows, run_batch
 
 
@@ -279,3 +283,100 @@ def test_columns_added_in_value_schemas_reach_delta_without_a_schema_change_even
     run_batch(spark, broker, writer, table)
     rows = read_rows(spark, writer, table)
     assert {k[0]: (r["a"], r["b"]) for k, r in rows.items()} == {1: ("x", None), 2: ("y", None), 3: ("z", 7)}
+
+
+def run_batches(spark, broker, writer, table, max_records: int, reports: list) -> list:
+    """``merge_micro_batches`` until caught up (or an error), its reports appended to ``reports``."""
+    source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "cdc-tests"})
+    try:
+        limits = BatchLimits(max_records=max_records, max_batches_per_run=1000, poll_timeout_s=10)
+        reports.extend(merge_micro_batches(spark, source, writer, table, limits))
+    finally:
+        source.close()
+    return reports
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """The thread that read each batch (the fault hook's ``consumed`` point), in order."""
+    threads: list[str] = []
+
+    def hook(point: str) -> None:
+        if point == "consumed":
+            threads.append(threading.current_thread().name)
+
+    monkeypatch.setattr(pipeline, "fault_hook", hook)
+    return threads
+
+
+def _pipelined_writer(writer):
+    if writer.name != "delta-rs":
+        pytest.skip("batches are folded ahead with the delta-rs writer only (delta-spark MERGEs through the session)")
+
+
+def test_the_next_batch_is_folded_while_one_is_merged_and_commits_stay_in_order(spark, broker, writer, tmp_path,
+                                                                                reads):
+    """Every batch after the first is read and folded in the thread ahead (none twice); each starts
+    where the one before it committed, one Delta version each; the table ends as with one batch."""
+    _pipelined_writer(writer)
+    topic = new_topic(broker, "dbserver1.inventory.ahead", partitions=3)
+    records = []
+    for i in range(80):
+        key = i % 9
+        op = "d" if i % 13 == 12 else ("c" if i < 9 else "u")
+        after = None if op == "d" else {"id": key, "v": i}
+        records.append((encode_key({"id": key}), envelope(op, None, after, postgres_source(i + 1, i, "s", "t"), i)))
+        if op == "d":
+            records.append((encode_key({"id": key}), None))
+    produce(broker, topic, records)
+    whole, pieces = captured_table(topic, tmp_path / "whole"), captured_table(topic, tmp_path / "pieces")
+    run_batch(spark, broker, writer, whole)
+    reads.clear()
+    reports = run_batches(spark, broker, writer, pieces, 5, [])
+    assert len(reports) > 10 and reports[-1].raw.caught_up
+    assert len(reads) == len(reports) and reads[0] == "MainThread"
+    for before, after, thread in zip(reports, reports[1:], reads[1:], strict=False):
+        assert after.raw.start_offsets == before.raw.end_offsets
+        if before.summary is not None:  # folded (not tombstones only): the next one was read ahead
+            assert thread.startswith("cdc-batch-ahead"), thread
+    versions = [r.outcome.delta_version for r in reports if r.outcome is not None]
+    assert versions == list(range(versions[0], versions[0] + len(versions)))
+    assert read_rows(spark, writer, pieces) == read_rows(spark, writer, whole)
+
+
+def test_a_batch_folded_ahead_is_prepared_again_when_the_commit_before_it_changed_the_layout(
+        spark, broker, writer, tmp_path, reads):
+    """Batch 2 adds a column to the table; batch 3, folded ahead without it, is read and folded again."""
+    from tests.core.test_types import wrapped
+
+    _pipelined_writer(writer)
+    topic = new_topic(broker, "dbserver1.public.ahead_evolving")
+    table = captured_table(topic, tmp_path)
+    id_field, a_field, b_field = ({"type": "int32", "field": "id"}, {"type": "string", "field": "a"},
+                                  {"type": "int64", "field": "b"})
+    produce(broker, topic, [(b'{"id": 1}', wrapped([id_field, a_field], {"id": 1, "a": "x"})),
+                            (b'{"id": 2}', wrapped([id_field, a_field, b_field], {"id": 2, "a": "y", "b": 7})),
+                            (b'{"id": 3}', wrapped([id_field, a_field], {"id": 3, "a": "z"}))])
+    reports = run_batches(spark, broker, writer, table, 1, [])
+    assert [r.events_read for r in reports] == [1, 1, 1]
+    assert reads[0] == "MainThread" and reads[1].startswith("cdc-batch-ahead")
+    assert reads[2].startswith("cdc-batch-ahead") and reads[3] == "MainThread"  # batch 3: ahead, then again
+    rows = read_rows(spark, writer, table)
+    assert {k[0]: (r["a"], r["b"]) for k, r in rows.items()} == {1: ("x", None), 2: ("y", 7), 3: ("z", None)}
+
+
+def test_a_bad_event_in_a_batch_folded_ahead_halts_after_the_batch_before_it_commits(spark, broker, writer,
+                                                                                      tmp_path, reads):
+    _pipelined_writer(writer)
+    topic = new_topic(broker, "dbserver1.inventory.ahead_bad")
+    good = [(encode_key({"id": i}), envelope("c", None, {"id": i}, postgres_source(i, i, "s", "t"), i))
+            for i in range(4)]
+    produce(broker, topic, [*good[:2], (encode_key({"id": 9}), b"{not json"), *good[2:]])
+    table = captured_table(topic, tmp_path)
+    reports: list = []
+    with pytest.raises(BadEventError, match=rf"{topic} partition 0 offset 2: value is not valid JSON"):
+        run_batches(spark, broker, writer, table, 2, reports)
+    assert len(reports) == 1 and reads[1].startswith("cdc-batch-ahead")
+    progress = writer.read_progress(table.target, table.app_id)
+    assert progress is not None and progress.offsets == {0: 2}  # the first batch, nothing of the second
+    assert set(read_rows(spark, writer, table)) == {(0,), (1,)}
