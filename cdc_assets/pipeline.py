@@ -263,7 +263,7 @@ def merge_micro_batches(spark: SparkSession, source: KafkaSource, writer: DeltaW
                     ahead = pool.submit(_prepare, spark, source, writer, table, limits, assumed, schema), assumed
                 report = _apply(writer, table, prepared)
                 report.timings["total_s"] = time.perf_counter() - started
-                yield replace(report, raw=report.raw.without_records())
+                yield report
                 if report.raw.caught_up or report.raw.end_offsets == report.raw.start_offsets:
                     return
         finally:
@@ -289,14 +289,16 @@ def _pipelined(table: CapturedTable, writer: DeltaWriter) -> bool:
 
 @dataclass(frozen=True)
 class _Prepared:
-    """A batch read and folded but not applied: what ``_apply`` needs. ``commit`` None: nothing to
-    commit; ``rows`` None with a commit: offsets only (a batch of tombstones)."""
+    """A batch read and folded but not applied: what ``_apply`` needs, its records let go (a run
+    holds two batches at once). ``commit`` None: nothing to commit; ``rows`` None with a commit:
+    offsets only (a batch of tombstones). ``events`` are kept only when some are bad."""
 
     raw: RawBatch
     tombstones: int
     timings: dict[str, float]
     commit: CommitRequest | None = None
     events: pa.Table | None = None
+    samples: tuple[list[bytes], list[bytes]] | None = None  # keys and values the layout was derived from
     layout: ChangeEventLayout | None = None
     existing: StructType | None = None  # the table's schema the layout was derived with
     rows: pa.Table | None = None
@@ -321,20 +323,19 @@ def _taken(following: Future[_Prepared], assumed: TableProgress, table: Captured
         return None  # prepared again from what Delta holds, and fails again if it must
     if progress is None or (progress.offsets, progress.key_columns) != (assumed.offsets, assumed.key_columns):
         return None
-    if prepared.layout is None or prepared.events is None:
+    if prepared.layout is None or prepared.samples is None:
         return prepared if schema == prepared.existing else None
-    return prepared if _derive_layout(table, prepared.raw, prepared.events, schema) == prepared.layout else None
+    return prepared if _derive_layout(table, prepared.raw, prepared.samples, schema) == prepared.layout else None
 
 
-def _derive_layout(table: CapturedTable, raw: RawBatch, events: pa.Table, existing: StructType | None
-                   ) -> ChangeEventLayout:
-    """The layout of the batch's events (``core.layout``), given the table's Delta schema."""
+def _derive_layout(table: CapturedTable, raw: RawBatch, samples: tuple[list[bytes], list[bytes]],
+                   existing: StructType | None) -> ChangeEventLayout:
+    """The layout of the batch's sampled keys and values (``core.layout``), given the table's Delta schema."""
     existing_rows = None
     if existing is not None:
         existing_rows = StructType([f for f in existing.fields if not f.name.startswith(HIDDEN_PREFIX)])
     try:
-        return derive_layout(table.kind, _sample(events["key"]), _sample(events["value"]),
-                             table.key_columns, table.columns, existing_rows)
+        return derive_layout(table.kind, *samples, table.key_columns, table.columns, existing_rows)
     except LayoutError as exc:
         offsets = {p: f"{raw.start_offsets[p]}..{raw.end_offsets[p]}" for p in sorted(raw.start_offsets)}
         raise LayoutError(f"table '{table.name}', topic {table.topic}, batch offsets by partition {offsets}: "
@@ -357,13 +358,15 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
     tombstones = pc.sum(is_tombstone).as_py() or 0
     events = records.filter(pc.invert(is_tombstone)) if tombstones else records
     if raw.end_offsets == raw.start_offsets:
-        return _Prepared(raw, tombstones, timings, existing=existing)
+        return _Prepared(raw.without_records(), tombstones, timings, existing=existing)
     commit = CommitRequest(table.app_id, sum(raw.end_offsets.values()), table.topic, raw.end_offsets,
                            progress.key_columns if progress else ())
     if events.num_rows == 0:  # tombstones only: the offsets are committed to an existing table
-        return _Prepared(raw, tombstones, timings, commit if existing is not None else None, existing=existing)
+        return _Prepared(raw.without_records(), tombstones, timings, commit if existing is not None else None,
+                         existing=existing)
 
-    layout = _derive_layout(table, raw, events, existing)
+    samples = (_sample(events["key"]), _sample(events["value"]))
+    layout = _derive_layout(table, raw, samples, existing)
     commit = replace(commit, key_columns=layout.key_columns)
     # The local hand-over first reads a batch without its fallback for unreadable lines (less Spark CPU
     # a batch); a batch with any bad event is read again, exactly, so that bad events get the exact
@@ -384,8 +387,8 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
                     f"{transactions['waiting']} do not fit in a batch of {limits.max_records} records / "
                     f"{limits.max_bytes} bytes; raise the batch limits (max_records_per_batch in the run config)")
             if cut_offsets is None:  # nothing whole yet: commit nothing, report what waits
-                return _Prepared(replace(raw, end_offsets=dict(raw.start_offsets)), tombstones, timings,
-                                 existing=existing, transactions=transactions)
+                return _Prepared(replace(raw.without_records(), end_offsets=dict(raw.start_offsets)), tombstones,
+                                 timings, existing=existing, transactions=transactions)
             if cut_offsets != raw.end_offsets:
                 decoded = decoded.where(_before(cut_offsets, F.col(PARTITION_COLUMN), F.col(OFFSET_COLUMN)))
                 events = events.filter(_before_arrow(cut_offsets, events))
@@ -397,7 +400,8 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
             frame = scratch.enter_context(spark_records(spark, events, value_type(layout), exact=True))
             rows, summary = _fold(spark, writer, table, layout, decode_change_events(frame, layout))
         timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
-    return _Prepared(raw, tombstones, timings, commit, events, layout, existing, rows, summary, transactions)
+    return _Prepared(raw.without_records(), tombstones, timings, commit, events if summary.bad_events else None,
+                     samples, layout, existing, rows, summary, transactions)
 
 
 def _apply(writer: DeltaWriter, table: CapturedTable, prepared: _Prepared) -> BatchReport:
@@ -413,10 +417,11 @@ def _apply(writer: DeltaWriter, table: CapturedTable, prepared: _Prepared) -> Ba
         outcome = writer.commit_progress(table.target, prepared.commit)
         timings["merge_commit_s"] = time.perf_counter() - mark
         return replace(report, outcome=outcome)
-    assert prepared.summary is not None and prepared.events is not None and prepared.layout is not None
+    assert prepared.summary is not None and prepared.layout is not None
     dead_lettered = 0
     if prepared.summary.bad_events:
         bad, events = prepared.summary.bad_events, prepared.events
+        assert events is not None
         if table.on_bad_event != "dead_letter" or table.dead_letter is None:
             first = bad[0]
             reason = explain_bad_value(_value_at(events, first.partition, first.offset), first.reason)
