@@ -1,7 +1,7 @@
-"""One micro-batch of one table: topic -> decoded events -> folded batch -> MERGE -> commit + offsets.
+"""A table's micro-batches: topic -> decoded events -> folded batch -> MERGE -> commit + offsets.
 
-No Dagster here: the assets call ``merge_micro_batch`` with a Spark session, a Kafka source and a
-Delta writer, and turn the returned ``BatchReport`` into materialization metadata.
+No Dagster here: the assets call ``merge_micro_batches`` with a Spark session, a Kafka source and a
+Delta writer, and turn the ``BatchReport`` of each batch into materialization metadata.
 """
 
 from __future__ import annotations

@@ -76,16 +76,23 @@ def test_restart_reads_only_new_events_and_replay_changes_nothing(spark, broker,
     assert read_rows(spark, writer, table, visible_only=False) == before
 
 
-def test_small_batches_apply_the_same_as_one(spark, broker, writer, tmp_path):
-    topic = new_topic(broker, "dbserver1.inventory.small", partitions=3)
+def keyed_history(events: int, keys: int, delete_every: int) -> list[tuple[bytes, bytes | None]]:
+    """PostgreSQL events of ``keys`` keys in turn: creates, then updates, every ``delete_every``-th
+    event a delete followed by its tombstone."""
     records = []
-    for i in range(60):
-        key = i % 7
-        op = "d" if i % 11 == 10 else ("c" if i < 7 else "u")
+    for i in range(events):
+        key = i % keys
+        op = "d" if i % delete_every == delete_every - 1 else ("c" if i < keys else "u")
         after = None if op == "d" else {"id": key, "v": i}
         records.append((encode_key({"id": key}), envelope(op, None, after, postgres_source(i + 1, i, "s", "t"), i)))
         if op == "d":
             records.append((encode_key({"id": key}), None))
+    return records
+
+
+def test_small_batches_apply_the_same_as_one(spark, broker, writer, tmp_path):
+    topic = new_topic(broker, "dbserver1.inventory.small", partitions=3)
+    records = keyed_history(60, 7, 11)
     produce(broker, topic, records)
     whole, pieces = captured_table(topic, tmp_path / "whole"), captured_table(topic, tmp_path / "pieces")
     run_batch(spark, broker, writer, whole)
@@ -320,15 +327,7 @@ def test_the_next_batch_is_folded_while_one_is_merged_and_commits_stay_in_order(
     where the one before it committed, one Delta version each; the table ends as with one batch."""
     _pipelined_writer(writer)
     topic = new_topic(broker, "dbserver1.inventory.ahead", partitions=3)
-    records = []
-    for i in range(80):
-        key = i % 9
-        op = "d" if i % 13 == 12 else ("c" if i < 9 else "u")
-        after = None if op == "d" else {"id": key, "v": i}
-        records.append((encode_key({"id": key}), envelope(op, None, after, postgres_source(i + 1, i, "s", "t"), i)))
-        if op == "d":
-            records.append((encode_key({"id": key}), None))
-    produce(broker, topic, records)
+    produce(broker, topic, keyed_history(80, 9, 13))
     whole, pieces = captured_table(topic, tmp_path / "whole"), captured_table(topic, tmp_path / "pieces")
     run_batch(spark, broker, writer, whole)
     reads.clear()
