@@ -315,8 +315,8 @@ def _progress_after(prepared: _Prepared) -> TableProgress:
 def _taken(following: Future[_Prepared], assumed: TableProgress, table: CapturedTable,
            progress: TableProgress | None, schema: StructType | None) -> _Prepared | None:
     """The batch prepared ahead, if the commit before it left the table as it assumed: the offsets
-    (and key columns) it starts from, and a layout derived from its events and the table's schema
-    now the same as the one it was folded with. None: prepare it again."""
+    (and key columns) it starts from, and a layout derived anew from its sampled events and the
+    table's schema now the same as the one it was folded with. None: prepare it again."""
     try:
         prepared = following.result()
     except Exception:
