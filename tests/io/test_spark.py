@@ -64,6 +64,23 @@ def test_local_files_and_from_json_hand_over_the_same_records(spark, tmp_path):
     assert rows[12]["value"]["op"] == "c"  # as from_json reads it: the object, other text after it ignored
 
 
+def test_records_in_many_chunks_hand_over_as_in_one(spark, tmp_path):
+    """The Kafka source builds a batch of one chunk per consume call: its lines are written from
+    each chunk in place, split across the per-core files without joining the chunks first."""
+    records = records_table(AWKWARD)
+    # Each record a chunk of its own (own buffers), as consume calls make them.
+    chunked = pa.concat_tables([pa.Table.from_pylist(records.slice(i, 1).to_pylist(), schema=records.schema)
+                                for i in range(records.num_rows)])
+    assert chunked["value"].num_chunks == len(AWKWARD)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "many").mkdir()
+    one = parsed_from_files(spark, records, VALUE_TYPE, tmp_path / "one").toArrow().sort_by("offset")
+    many = parsed_from_files(spark, chunked, VALUE_TYPE, tmp_path / "many").toArrow().sort_by("offset")
+    assert many.to_pylist() == one.to_pylist()
+    assert sorted(p.read_bytes() for p in (tmp_path / "many").iterdir()) == sorted(
+        p.read_bytes() for p in (tmp_path / "one").iterdir())
+
+
 def test_the_inexact_hand_over_differs_only_in_lines_the_reader_cannot_read(spark, tmp_path):
     records = records_table(AWKWARD)
     (tmp_path / "exact").mkdir()
