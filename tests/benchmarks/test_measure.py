@@ -35,10 +35,9 @@ def test_a_child_started_after_sampling_began_is_counted_and_an_excluded_one_is_
             _wait_for_rss(counted, size)
             time.sleep(0.5)
             counted.wait(timeout=20)
-        own = psutil.Process().memory_info().rss
-        assert rss.peak >= own + size  # this process and the counted child
-        assert rss.peak < own + 2 * size  # not the excluded one
-        assert rss.peak_python < size
+        # Beyond this process's own: the counted child (its interpreter's few MB besides), not the excluded one.
+        children = rss.peak - rss.peak_python
+        assert 0.9 * size < children < 1.5 * size
     finally:
         excluded.kill()
         excluded.wait()
