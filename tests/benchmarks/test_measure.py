@@ -10,7 +10,7 @@ import psutil
 
 from benchmarks.measure import PeakRss
 
-_HOLD = "import sys, time; block = bytearray({size}); block[::4096] = b'x' * len(block[::4096]); time.sleep({hold})"
+_HOLD = "import time; block = bytearray({size}); block[::4096] = b'x' * len(block[::4096]); time.sleep({hold})"
 
 
 def _holding(size: int, hold_s: float) -> subprocess.Popen[bytes]:
