@@ -12,31 +12,45 @@ import psutil
 class PeakRss:
     """Samples the RSS of a process (default: this one) and all its children (the JVM) in a thread;
     the process ``exclude_pid`` and its descendants (the local broker: the test harness, not the
-    project) are left out.
+    project) are left out. ``count_root=False`` leaves the process itself out too (a harness whose
+    children are what is measured); ``add_root`` counts another process with its descendants (the
+    local Spark server, which is no child of the runs it serves), sampled at the same moments.
 
     The RSS is sampled every ``interval_s``, the process tree found again every ``rescan_s``: finding
     it reads every process's /proc entry, and five times a second that took about 1 CPU s of a loaded
     W1 run (py-spy) from the run it measured."""
 
-    def __init__(self, exclude_pid: int, interval_s: float = 0.2, pid: int | None = None, rescan_s: float = 1.0):
+    def __init__(self, exclude_pid: int, interval_s: float = 0.2, pid: int | None = None, rescan_s: float = 1.0,
+                 count_root: bool = True):
         self._exclude = exclude_pid
         self._pid = pid
+        self._count_root = count_root
+        self._roots: list[int] = []
         self.peak = 0
-        self.peak_python = 0
+        self.peak_python = 0  # the process itself, counted or not
         self._interval = interval_s
         self._rescan = rescan_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def add_root(self, pid: int) -> None:
+        """Count process ``pid`` and its descendants too, from the next scan of the tree on."""
+        self._roots.append(pid)
+
     def _tree(self, me: psutil.Process) -> list[psutil.Process]:
-        """``me``'s descendants, less the excluded process and its own."""
-        children = me.children(recursive=True)
+        """``me``'s descendants and the added roots with theirs, less the excluded process and its own."""
+        found = {p.pid: p for p in me.children(recursive=True)}
+        for pid in list(self._roots):
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(pid)
+                found.update((p.pid, p) for p in [root, *root.children(recursive=True)])
+        found.pop(me.pid, None)
         if self._exclude < 0:
-            return children
+            return list(found.values())
         excluded = {self._exclude}
         with contextlib.suppress(psutil.Error):
             excluded |= {p.pid for p in psutil.Process(self._exclude).children(recursive=True)}
-        return [p for p in children if p.pid not in excluded]
+        return [p for pid, p in found.items() if pid not in excluded]
 
     def _run(self) -> None:
         me = psutil.Process(self._pid)
@@ -46,7 +60,8 @@ class PeakRss:
             if time.monotonic() >= rescan_at:
                 tree = self._tree(me)
                 rescan_at = time.monotonic() + self._rescan
-            total = python = me.memory_info().rss
+            python = me.memory_info().rss
+            total = python if self._count_root else 0
             for process in tree:
                 with contextlib.suppress(psutil.Error):
                     total += process.memory_info().rss

@@ -8,8 +8,9 @@ events beyond the table's committed offsets, it launches a run. By default each 
 process (``dagster job execute``), as Dagster's default run launcher does, so every run pays for
 its Python and Dagster start (Spark is the local Spark server the runs share, started by the first);
 ``--runs-in same`` runs them with ``execute_in_process`` in this process. Peak RSS counts the
-runs, the soak's own process and the local Spark server. An event's lag is the time from its production to the end of
-the run that committed it (the offsets come from the table's Delta commits).
+runs and the local Spark server, sampled together (with ``--runs-in same``, this process too); the
+soak's own process (``harness_peak_rss_gib``) is reported apart. An event's lag is the time from its
+production to the end of the run that committed it (the offsets come from the table's Delta commits).
 
     python -m benchmarks.soak [--rate 5000] [--seconds 600] [--runs-in fresh|same]
 """
@@ -131,10 +132,12 @@ connectors:
         lags: list[float] = []
         runs = 0
         committed: dict[int, int] = {}
-        server_rss: PeakRss | None = None
+        server_found = False
         with contextlib.ExitStack() as stack:
             instance = stack.enter_context(DagsterInstance.ephemeral())
-            rss = stack.enter_context(PeakRss(exclude_pid=broker.pid or -1))
+            # Fresh runs: the runs and the local server, sampled together; this process (the producer,
+            # the sensor's loop, every offset's production time) is the harness, counted apart.
+            rss = stack.enter_context(PeakRss(exclude_pid=broker.pid or -1, count_root=args.runs_in == "same"))
             producer.start()
             deadline = time.time() + args.seconds + 120
             while time.time() < deadline:
@@ -152,10 +155,11 @@ connectors:
                 runs += 1
                 if not ok:
                     raise SystemExit(f"run {runs} of cdc_merge_job failed")
-                # Started by the first fresh run, it outlives it (not a child of this process: counted apart).
-                servers = running_servers() if server_rss is None and args.runs_in == "fresh" else []
+                # Started by the first fresh run, it outlives it: no child of this process.
+                servers = running_servers() if not server_found and args.runs_in == "fresh" else []
                 if servers:
-                    server_rss = stack.enter_context(PeakRss(exclude_pid=-1, pid=servers[0][1]["pid"]))
+                    rss.add_root(servers[0][1]["pid"])
+                    server_found = True
                 progress = DeltaRsWriter().read_progress(table.target, table.app_id)
                 for partition, end in (progress.offsets if progress else {}).items():
                     for offset in range(committed.get(partition, 0), end):
@@ -169,7 +173,8 @@ connectors:
             "lag_p50_s": round(percentile(lags, 50), 2) if lags else None,
             "lag_p95_s": round(percentile(lags, 95), 2) if lags else None,
             "lag_max_s": round(max(lags), 2) if lags else None,
-            "peak_rss_gib": round((rss.peak + (server_rss.peak if server_rss else 0)) / 2**30, 2),
+            "peak_rss_gib": round(rss.peak / 2**30, 2),
+            "harness_peak_rss_gib": round(rss.peak_python / 2**30, 2),
         }, indent=2))
         stop_all()
 

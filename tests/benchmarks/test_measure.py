@@ -1,4 +1,5 @@
-"""The benchmarks' peak-RSS sampler counts the process tree it measures, and leaves out the one excluded."""
+"""The benchmarks' peak-RSS sampler counts the process tree it measures (and the roots added to it), and
+leaves out the one excluded (and the process itself, when told)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,23 @@ def test_a_child_started_after_sampling_began_is_counted_and_an_excluded_one_is_
     finally:
         excluded.kill()
         excluded.wait()
+
+
+def test_an_added_root_is_counted_and_the_process_itself_only_when_told() -> None:
+    size = 300 * 2**20
+    harness = _holding(size, hold_s=6)  # sampled as the measured process, not counted
+    server = _holding(size, hold_s=6)  # no child of the harness: counted once added
+    try:
+        _wait_for_rss(harness, size)
+        _wait_for_rss(server, size)
+        with PeakRss(exclude_pid=-1, pid=harness.pid, count_root=False, interval_s=0.05, rescan_s=0.2) as rss:
+            time.sleep(0.3)
+            assert rss.peak < 0.1 * size  # the harness alone, not counted
+            rss.add_root(server.pid)
+            time.sleep(0.5)
+        assert 0.9 * size < rss.peak < 1.5 * size  # the server, not the harness besides
+        assert rss.peak_python > 0.9 * size  # the harness's own, reported apart
+    finally:
+        for process in (harness, server):
+            process.kill()
+            process.wait()
