@@ -5,4 +5,27 @@ Layers, data flowing one way (topic -> decoded events -> folded batch -> MERGE -
 - ``cdc_assets.io``: Kafka source, Spark session factory, Delta writers;
 - ``cdc_assets.pipeline``: one micro-batch of one table through those parts;
 - ``cdc_assets.assets`` / ``cdc_assets.resources`` / ``cdc_assets.definitions``: thin Dagster layer.
+
+The public names below load lazily, so importing the core does not import Dagster.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cdc_assets.catalog import CapturedTable
+    from cdc_assets.definitions import build_definitions
+    from cdc_assets.translator import CdcTranslator
+
+__all__ = ["CapturedTable", "CdcTranslator", "build_definitions"]
+
+_HOMES = {"CapturedTable": "cdc_assets.catalog", "CdcTranslator": "cdc_assets.translator",
+          "build_definitions": "cdc_assets.definitions"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'cdc_assets' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

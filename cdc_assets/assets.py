@@ -2,12 +2,10 @@
 micro-batches."""
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 
 from dagster import (
     AssetExecutionContext,
-    AssetKey,
     AssetsDefinition,
     Config,
     MaterializeResult,
@@ -26,9 +24,9 @@ from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.pipeline import BatchReport, merge_micro_batches
 from cdc_assets.resources import DeltaResource, KafkaResource
+from cdc_assets.translator import CdcTranslator, dagster_name
 
 CDC_KINDS = {"spark", "delta", "kafka"}
-STATUS_TAG = "cdc_assets/status"  # "retired" once the source table was dropped
 
 
 class MergeConfig(Config):
@@ -38,11 +36,6 @@ class MergeConfig(Config):
                                               description="override the pipeline's max records per micro-batch")
     max_batches_per_run: int | None = Field(default=None, gt=0,
                                             description="override the pipeline's micro-batches per run")
-
-
-def dagster_name(text: str) -> str:
-    """``text`` with the characters Dagster names do not allow replaced by ``_``."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", text)
 
 
 def report_metadata(reports: Sequence[BatchReport]) -> dict[str, object]:
@@ -120,33 +113,29 @@ def _current_schema(table: CapturedTable) -> StructType | None:
         return None
 
 
-def build_cdc_asset(table: CapturedTable, limits: BatchLimits,
-                    peers: Mapping[str, DeltaTarget] | None = None) -> AssetsDefinition:
+def build_cdc_asset(table: CapturedTable, limits: BatchLimits, peers: Mapping[str, DeltaTarget] | None = None,
+                    translator: CdcTranslator | None = None) -> AssetsDefinition:
     """The asset of one captured table: its materialization MERGEs the table's new change events into
     Delta, one micro-batch (one commit) at a time, up to ``limits.max_batches_per_run``.
 
-    ``peers``: the transaction-consistent tables of the same connector (for the watermark)."""
-    keys = ", ".join(table.key_columns) if table.key_columns else "from the record key"
-    static_metadata: dict[str, object] = {
-        "topic": table.topic, "delta_path": MetadataValue.path(table.target.path), "connector": table.connector,
-        "connector_kind": table.kind, "source_table": table.name, "apply_mode": table.apply_mode,
-        "retired": table.retired}
+    ``peers``: the transaction-consistent tables of the same connector (for the watermark);
+    ``translator``: how the table appears in Dagster (default ``CdcTranslator()``)."""
+    translator = translator or CdcTranslator()
+    static_metadata = translator.get_metadata(table)
     schema = column_schema(_current_schema(table))
     if schema is not None:
         static_metadata["dagster/column_schema"] = schema
 
     @asset(
-        key=AssetKey([dagster_name(part) for part in table.asset_key_path]),
-        group_name=dagster_name(table.connector),
+        key=translator.get_asset_key(table),
+        group_name=translator.get_group_name(table),
         kinds=CDC_KINDS,
-        description=(f"`{table.name}` captured by {table.kind} connector `{table.connector}`: topic "
-                     f"`{table.topic}` merged into Delta at `{table.target.path}` (keys: {keys}; apply mode "
-                     f"{table.apply_mode}; bad events: {table.on_bad_event})."),
+        description=translator.get_description(table),
         metadata=static_metadata,
         # One pool per table: with a pool limit of 1 (see README), two runs never merge one table at once.
         pool=f"cdc_table_{dagster_name(table.topic)}",
-        owners=list(table.owners) or None,
-        tags={**dict(table.tags), STATUS_TAG: "retired" if table.retired else "active"},
+        owners=translator.get_owners(table) or None,
+        tags=translator.get_tags(table),
     )
     def merge_table(context: AssetExecutionContext, config: MergeConfig, spark: LazyPySparkResource,
                     kafka: KafkaResource, delta: DeltaResource) -> MaterializeResult:

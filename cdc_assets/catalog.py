@@ -37,11 +37,6 @@ class CapturedTable:
     max_watermark_lag_s: float = 3600.0
 
     @property
-    def asset_key_path(self) -> list[str]:
-        """``[topic.prefix, schema, table]`` (or ``[topic.prefix, table]``)."""
-        return [self.topic_prefix, *self.name.split(".")]
-
-    @property
     def app_id(self) -> str:
         """The Delta app-transaction id under which this table's offsets are committed."""
         return f"cdc_assets:{self.topic}"
@@ -65,9 +60,35 @@ def _is_url(path: str) -> bool:
     return bool(re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", path))
 
 
-def table_path(config: PipelineConfig, connector: ConnectorConfig, table: str) -> str:
-    """Where a table of ``connector`` named ``table`` lives when no path is configured for it."""
-    return _table_path(config.delta.root, connector, TableConfig(name=table), "<config>")
+def new_table(config: PipelineConfig, connector: ConnectorConfig, name: str) -> CapturedTable:
+    """The table ``name`` of ``connector`` as it is captured once it appears (created at the source
+    after deployment): the connector's defaults, no table entry of its own."""
+    return _captured_table(config, connector, TableConfig(name=name), "<config>", None)
+
+
+def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: TableConfig, source: str,
+                    entry: RegistryEntry | None) -> CapturedTable:
+    options = dict(config.delta.storage_options)
+    return CapturedTable(
+        connector=connector.name,
+        kind=connector.kind,
+        topic_prefix=connector.topic_prefix,
+        name=table.name,
+        topic=table.topic or f"{connector.topic_prefix}.{table.name}",
+        target=DeltaTarget(_table_path(config.delta.root, connector, table, source), options),
+        key_columns=tuple(table.key_columns) if table.key_columns else None,
+        columns=dict(table.columns) if table.columns else None,
+        on_bad_event=table.on_bad_event,
+        apply_mode=table.apply_mode,
+        dead_letter=DeltaTarget(pipeline_table_path(config.delta.root, "dead_letter"), options),
+        retired=entry is not None and entry.status == "retired",
+        owners=tuple(table.owners or connector.owners),
+        tags=tuple(sorted({**connector.tags, **table.tags}.items())),
+        max_capture_lag_s=table.max_capture_lag_s or config.max_capture_lag_s,
+        transaction_log=_transaction_log(config, connector, table),
+        watermarks=DeltaTarget(pipeline_table_path(config.delta.root, "watermarks"), options),
+        max_watermark_lag_s=connector.max_watermark_lag_s,
+    )
 
 
 def _table_path(root: str, connector: ConnectorConfig, table: TableConfig, source: str) -> str:
@@ -124,30 +145,5 @@ def resolve_tables(config: PipelineConfig, list_topics: Callable[[], Iterable[st
                                            columns=entry.column_types))
                 listed.add(name)
         for table in entries:
-            entry = registry.get((connector.name, table.name))
-            tables.append(
-                CapturedTable(
-                    connector=connector.name,
-                    kind=connector.kind,
-                    topic_prefix=connector.topic_prefix,
-                    name=table.name,
-                    topic=table.topic or f"{connector.topic_prefix}.{table.name}",
-                    target=DeltaTarget(_table_path(config.delta.root, connector, table, source),
-                                       dict(config.delta.storage_options)),
-                    key_columns=tuple(table.key_columns) if table.key_columns else None,
-                    columns=dict(table.columns) if table.columns else None,
-                    on_bad_event=table.on_bad_event,
-                    apply_mode=table.apply_mode,
-                    dead_letter=DeltaTarget(pipeline_table_path(config.delta.root, "dead_letter"),
-                                            dict(config.delta.storage_options)),
-                    retired=entry is not None and entry.status == "retired",
-                    owners=tuple(table.owners or connector.owners),
-                    tags=tuple(sorted({**connector.tags, **table.tags}.items())),
-                    max_capture_lag_s=table.max_capture_lag_s or config.max_capture_lag_s,
-                    transaction_log=_transaction_log(config, connector, table),
-                    watermarks=DeltaTarget(pipeline_table_path(config.delta.root, "watermarks"),
-                                           dict(config.delta.storage_options)),
-                    max_watermark_lag_s=connector.max_watermark_lag_s,
-                )
-            )
+            tables.append(_captured_table(config, connector, table, source, registry.get((connector.name, table.name))))
     return tables

@@ -20,12 +20,12 @@ from dagster import (
 from dagster_pyspark import LazyPySparkResource
 from deltalake import DeltaTable
 
-from cdc_assets.assets import dagster_name
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.io.delta import KeyReport
 from cdc_assets.io.registry import read_registry
 from cdc_assets.io.transactions import latest_watermark
 from cdc_assets.resources import DeltaResource
+from cdc_assets.translator import CdcTranslator, dagster_name
 
 
 def _key_report(table: CapturedTable, delta: DeltaResource, spark: LazyPySparkResource) -> KeyReport | None:
@@ -37,13 +37,14 @@ def _key_report(table: CapturedTable, delta: DeltaResource, spark: LazyPySparkRe
     return writer.key_report(table.target, keys) if keys else None
 
 
-def build_table_checks(table: CapturedTable) -> list[AssetChecksDefinition]:
-    """The checks of one captured table (the two key checks share one scan)."""
-    key = AssetKey([dagster_name(part) for part in table.asset_key_path])
+def build_table_checks(table: CapturedTable, translator: CdcTranslator | None = None) -> list[AssetChecksDefinition]:
+    """The checks of one captured table (the two key checks share one scan), on the asset the
+    translator (default ``CdcTranslator()``) names."""
+    key = (translator or CdcTranslator()).get_asset_key(table)
     name = table.name
 
     @multi_asset_check(
-        name=f"{dagster_name('_'.join(table.asset_key_path))}_key_checks",
+        name=f"{dagster_name('_'.join(key.path))}_key_checks",
         specs=[
             AssetCheckSpec("unique_keys", asset=key, blocking=True,
                            description=f"Each key of {name} appears once (current versions for scd2)."),

@@ -13,6 +13,7 @@ from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.registry import read_registry
 from cdc_assets.resources import build_resources, kafka_client_settings, registry_path
+from cdc_assets.translator import CdcTranslator
 from jobs import (
     apply_schema_change_job,
     build_merge_schedules,
@@ -24,8 +25,10 @@ from jobs import (
 from sensors import make_schema_change_sensor, make_snapshot_backfill_sensor, make_transaction_sensor
 
 
-def build_definitions(config: PipelineConfig) -> Definitions:
-    """Assets (one per captured table), jobs and resources for a pipeline config."""
+def build_definitions(config: PipelineConfig, translator: CdcTranslator | None = None) -> Definitions:
+    """Assets (one per captured table), checks, jobs, schedules, sensors and resources for a pipeline
+    config; ``translator`` (default ``CdcTranslator()``) decides how each table appears in Dagster."""
+    translator = translator or CdcTranslator()
     def list_topics() -> list[str]:
         source = KafkaSource(kafka_client_settings(config.kafka))
         try:
@@ -36,7 +39,7 @@ def build_definitions(config: PipelineConfig) -> Definitions:
     registry = read_registry(registry_path(config), config.delta.storage_options)
     tables = resolve_tables(config, list_topics=list_topics, registry=registry)
     signalled = {connector.name for connector in config.connectors if connector.signal is not None}
-    sensors = [make_schema_change_sensor(config, tables, apply_schema_change_job)]
+    sensors = [make_schema_change_sensor(config, tables, apply_schema_change_job, translator=translator)]
     transactional: dict[str, dict[str, DeltaTarget]] = {}
     for table in tables:
         if table.transaction_log is not None and not table.retired:
@@ -44,13 +47,16 @@ def build_definitions(config: PipelineConfig) -> Definitions:
     for connector in config.connectors:
         if connector.name in transactional:
             sensors.append(make_transaction_sensor(connector, [t for t in tables if t.connector == connector.name],
-                                                   kafka_client_settings(config.kafka), cdc_merge_job))
+                                                   kafka_client_settings(config.kafka), cdc_merge_job,
+                                                   translator=translator))
     if signalled:
         live = [t for t in tables if t.connector in signalled and not t.retired]
-        sensors.append(make_snapshot_backfill_sensor(live, incremental_snapshot_job, cdc_merge_job))
+        sensors.append(make_snapshot_backfill_sensor(live, incremental_snapshot_job, cdc_merge_job,
+                                                     translator=translator))
     return Definitions(
-        assets=[build_cdc_asset(table, config.batch, transactional.get(table.connector)) for table in tables],
-        asset_checks=[check for table in tables for check in build_table_checks(table)],
+        assets=[build_cdc_asset(table, config.batch, transactional.get(table.connector), translator)
+                for table in tables],
+        asset_checks=[check for table in tables for check in build_table_checks(table, translator)],
         jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job, apply_schema_change_job],
         schedules=[*build_merge_schedules(config), *build_snapshot_schedules(config)],
         sensors=sensors,

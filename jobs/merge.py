@@ -8,8 +8,8 @@ from dagster import (
     in_process_executor,
 )
 
-from cdc_assets.assets import STATUS_TAG
 from cdc_assets.config import PipelineConfig
+from cdc_assets.translator import STATUS_TAG
 
 cdc_merge_job = define_asset_job(
     "cdc_merge_job",

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from dagster import (
-    AssetKey,
     JobDefinition,
     RunRequest,
     SensorDefinition,
@@ -16,9 +15,9 @@ from dagster import (
 )
 from deltalake import DeltaTable
 
-from cdc_assets.assets import dagster_name
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.io.signals import data_collection
+from cdc_assets.translator import CdcTranslator
 from jobs.snapshots import execute_snapshot_run_config
 
 
@@ -31,7 +30,8 @@ def target_is_empty(table: CapturedTable) -> bool:
 
 
 def backfill_requests(tables: Sequence[CapturedTable], requested: set[str], snapshot_job_name: str,
-                      merge_job_name: str) -> tuple[list[RunRequest], set[str]]:
+                      merge_job_name: str, translator: CdcTranslator | None = None
+                      ) -> tuple[list[RunRequest], set[str]]:
     """Run requests for tables whose target is missing or empty and that were not requested yet.
 
     Returns the requests and the new set of requested topics (a table leaves the set once it has
@@ -52,14 +52,14 @@ def backfill_requests(tables: Sequence[CapturedTable], requested: set[str], snap
             tags={"cdc_assets/backfill": table.topic}))
         requests.append(RunRequest(
             run_key=f"{run_key}:merge", job_name=merge_job_name,
-            asset_selection=[AssetKey([dagster_name(part) for part in table.asset_key_path])],
+            asset_selection=[(translator or CdcTranslator()).get_asset_key(table)],
             tags={"cdc_assets/backfill": table.topic}))
     return requests, still_requested
 
 
 def make_snapshot_backfill_sensor(tables: Sequence[CapturedTable], snapshot_job: JobDefinition,
-                                  merge_job: Any,
-                                  minimum_interval_seconds: int = 60) -> SensorDefinition:
+                                  merge_job: Any, minimum_interval_seconds: int = 60,
+                                  translator: CdcTranslator | None = None) -> SensorDefinition:
     """A sensor that backfills tables with a missing or empty Delta target: it requests an
     ``execute-snapshot`` signal run and a merge run for each, once, tracking them in its cursor.
 
@@ -72,7 +72,8 @@ def make_snapshot_backfill_sensor(tables: Sequence[CapturedTable], snapshot_job:
             description="Incremental snapshot + merge for captured tables whose Delta target is missing or empty")
     def snapshot_backfill_sensor(context: SensorEvaluationContext):
         requested = set(json.loads(context.cursor)) if context.cursor else set()
-        requests, still_requested = backfill_requests(tables, requested, snapshot_job.name, merge_job.name)
+        requests, still_requested = backfill_requests(tables, requested, snapshot_job.name, merge_job.name,
+                                                      translator)
         context.update_cursor(json.dumps(sorted(still_requested)))
         if not requests:
             return SkipReason("every captured table with a signal channel has rows or was already requested")

@@ -12,20 +12,23 @@ from collections.abc import Sequence
 
 from dagster import JobDefinition, RunRequest, SensorDefinition, SensorEvaluationContext, SensorResult, sensor
 
-from cdc_assets.assets import dagster_name
-from cdc_assets.catalog import CapturedTable, captures, table_path
+from cdc_assets.catalog import CapturedTable, captures, new_table
 from cdc_assets.config import PipelineConfig
 from cdc_assets.core.schema_change import SchemaChangeError, parse_schema_change
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
 from cdc_assets.resources import kafka_client_settings
+from cdc_assets.translator import CdcTranslator
 
 MAX_EVENTS_PER_TICK = 500
 
 
 def make_schema_change_sensor(config: PipelineConfig, tables: Sequence[CapturedTable], apply_job: JobDefinition,
-                              minimum_interval_seconds: int = 30) -> SensorDefinition:
-    """A sensor over every connector's schema-change topic that requests ``apply_job`` runs."""
+                              minimum_interval_seconds: int = 30,
+                              translator: CdcTranslator | None = None) -> SensorDefinition:
+    """A sensor over every connector's schema-change topic that requests ``apply_job`` runs (for the
+    assets the translator, default ``CdcTranslator()``, names)."""
     known = {(table.connector, table.name): table for table in tables}
+    translator = translator or CdcTranslator()
 
     @sensor(name="schema_change_sensor", job=apply_job, minimum_interval_seconds=minimum_interval_seconds,
             description="CREATE/ALTER/DROP of captured tables from Debezium schema-change topics")
@@ -61,16 +64,14 @@ def make_schema_change_sensor(config: PipelineConfig, tables: Sequence[CapturedT
                     for index, change in enumerate(event.changes):
                         if not captures(connector, change.name):
                             continue
-                        table = known.get((connector.name, change.name))
-                        asset_key = table.asset_key_path if table else [topic, *change.name.split(".")]
-                        path = table.target.path if table else table_path(config, connector, change.name)
-                        apply_mode = table.apply_mode if table else "scd1"
+                        table = known.get((connector.name, change.name)) or new_table(config, connector,
+                                                                                       change.name)
                         run_config = {"ops": {"apply_schema_change": {"config": {
                             "connector": connector.name, "table": change.name, "change": change.type,
                             "columns": change.columns.json(), "primary_keys": list(change.primary_keys),
                             "renames": [list(pair) for pair in change.renames],
-                            "asset_key": [dagster_name(part) for part in asset_key], "delta_path": path,
-                            "apply_mode": apply_mode, "source_position": event.source_position,
+                            "asset_key": translator.get_asset_key(table).path, "delta_path": table.target.path,
+                            "apply_mode": table.apply_mode, "source_position": event.source_position,
                             "topic": topic, "partition": partition, "offset": offset}}}}
                         requests.append(RunRequest(
                             run_key=f"schema-change:{topic}:{partition}:{offset}:{index}", run_config=run_config,

@@ -13,25 +13,27 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dagster import AssetKey, RunRequest, SensorDefinition, SensorEvaluationContext, SensorResult, sensor
+from dagster import RunRequest, SensorDefinition, SensorEvaluationContext, SensorResult, sensor
 
-from cdc_assets.assets import dagster_name
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import ConnectorConfig
 from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
 from cdc_assets.io.transactions import TransactionLogError, touched_tables
+from cdc_assets.translator import CdcTranslator, dagster_name
 
 MAX_EVENTS_PER_TICK = 10_000
 
 
 def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[CapturedTable],
                             kafka_settings: Mapping[str, Any], merge_job: Any,
-                            minimum_interval_seconds: int = 15) -> SensorDefinition:
-    """The transaction sensor of ``connector``, requesting ``merge_job`` runs for touched tables."""
+                            minimum_interval_seconds: int = 15,
+                            translator: CdcTranslator | None = None) -> SensorDefinition:
+    """The transaction sensor of ``connector``, requesting ``merge_job`` runs for touched tables
+    (their assets as the translator, default ``CdcTranslator()``, names them)."""
     topic = connector.transaction_topic or f"{connector.topic_prefix}.transaction"
-    keys = {table.name: AssetKey([dagster_name(part) for part in table.asset_key_path])
-            for table in tables if not table.retired}
+    translator = translator or CdcTranslator()
+    keys = {table.name: translator.get_asset_key(table) for table in tables if not table.retired}
 
     @sensor(name=f"{dagster_name(connector.name)}_transaction_sensor", job=merge_job,
             minimum_interval_seconds=minimum_interval_seconds,

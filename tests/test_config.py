@@ -6,6 +6,7 @@ from cdc_assets.catalog import resolve_tables
 from cdc_assets.config import DEMO_CONFIG_PATH, ConfigError, load_config, parse_config
 from cdc_assets.io.spark import CLASS_ARCHIVE_ENV_VAR, JAVA_OPTIONS
 from cdc_assets.resources import build_resources
+from cdc_assets.translator import CdcTranslator
 
 VALID = """\
 kafka:
@@ -30,7 +31,7 @@ def test_valid_config_resolves_topics_and_paths():
         ("dbserver1.inventory.customers", "/data/delta/dbserver1/inventory/customers", None),
         ("dbserver1.inventory.orders", "/data/delta/custom/orders", ("order_id",)),
     ]
-    assert tables[0].asset_key_path == ["dbserver1", "inventory", "customers"]
+    assert CdcTranslator().get_asset_key(tables[0]).path == ["dbserver1", "inventory", "customers"]
 
 
 def test_errors_name_the_line_and_field():

@@ -1,17 +1,23 @@
 """The code location: assets, groups, kinds and the merge job, run for real through Dagster."""
 
 import contextlib
+import json
 import subprocess
 import sys
 import uuid
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from dagster import AssetKey, materialize
+from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
 from deltalake import DeltaTable
 
+from cdc_assets import CdcTranslator
+from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.sample import publish_sample
+from tests.conftest import produce
+from tests.sensors.test_schema_changes import COLUMNS, schema_change
+from tests.test_transactions import new_topic_named
 
 CONFIG = """\
 kafka:
@@ -163,3 +169,60 @@ def test_a_run_drains_a_backlog_in_micro_batches_up_to_its_limit(spark, broker, 
     assert rest["offsets"].value == {"0": {"from": 10, "to": 16, "high_watermark": 16}}
     assert group_offset() == 16
     assert DeltaTable(path).count() == 10  # as one batch leaves it (test above: 10 rows inserted)
+
+
+class BronzeTranslator(CdcTranslator):
+    """A user's translator: every asset under ``bronze``, groups prefixed ``cdc_``."""
+
+    def get_asset_key(self, table: CapturedTable) -> AssetKey:
+        return AssetKey(["bronze", *super().get_asset_key(table).path])
+
+    def get_group_name(self, table: CapturedTable) -> str:
+        return f"cdc_{super().get_group_name(table)}"
+
+
+def test_a_subclassed_translator_renames_assets_checks_sensor_requests_and_runs_at_once(spark, broker, tmp_path):
+    sample_published(broker)
+    prefix = f"tr{uuid.uuid4().hex[:8]}"
+    new_topic_named(broker, prefix)  # the connector's schema-change topic
+    new_topic_named(broker, f"{prefix}.transaction")
+    produce(broker, prefix, [(b'{"databaseName": "TESTDB"}', schema_change("CREATE", COLUMNS))])
+    tx = {"id": "00000025:00000d98:00a2", "ts_ms": 0, "event_count": None, "data_collections": None}
+    produce(broker, f"{prefix}.transaction", [
+        (None, json.dumps({**tx, "status": "BEGIN"}).encode()),
+        (None, json.dumps({**tx, "status": "END", "event_count": 1,
+                           "data_collections": [{"data_collection": "DB2INST1.ORDERS", "event_count": 1}]}).encode())])
+    config = CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path) + f"""\
+  - name: db2
+    kind: db2
+    topic.prefix: {prefix}
+    transaction_metadata: true
+    signal: {{channel: kafka, topic: {prefix}.signals}}
+    include: ['DB2INST1\\.CUST.*']
+    tables: [{{name: DB2INST1.ORDERS}}]
+"""
+    defs = build_definitions(parse_config(config), translator=BronzeTranslator())
+    renamed = [AssetKey(["bronze", *key.path]) for key in KEYS]
+    orders = AssetKey(["bronze", prefix, "DB2INST1", "ORDERS"])
+    graph = defs.resolve_asset_graph()
+    assert set(graph.get_all_asset_keys()) == {*renamed, orders}
+    assert {graph.get(key).group_name for key in graph.get_all_asset_keys()} == {"cdc_inventory", "cdc_sales",
+                                                                                "cdc_db2"}
+    assert {check.asset_key for check in graph.asset_check_keys} == {*renamed, orders}
+
+    with DagsterInstance.ephemeral() as instance:
+        def tick(name):
+            return defs.resolve_sensor_def(name).evaluate_tick(build_sensor_context(instance=instance,
+                                                                                    definitions=defs))
+        [merge] = tick("db2_transaction_sensor").run_requests
+        assert merge.asset_selection == [orders]
+        backfills = tick("snapshot_backfill_sensor").run_requests
+        assert [r.asset_selection for r in backfills if r.asset_selection] == [[orders]]
+        [create] = tick("schema_change_sensor").run_requests
+        assert create.run_config["ops"]["apply_schema_change"]["config"]["asset_key"] == [
+            "bronze", prefix, "DB2INST1", "CUSTOMERS"]
+
+        result = defs.resolve_job_def("cdc_merge_job").execute_in_process(
+            instance=instance, asset_selection=renamed)
+        assert result.success
+        assert {e.asset_key for e in result.get_asset_materialization_events()} == set(renamed)

@@ -1,0 +1,61 @@
+"""How captured tables appear in Dagster: one translator object decides every table's asset key,
+group, owners, tags, description and metadata, and every asset, check, sensor and job asks it.
+
+Subclass ``CdcTranslator`` and pass it to ``build_definitions`` to change any of it, as with
+dagster-sling's and dagster-dlt's translators::
+
+    class MyTranslator(CdcTranslator):
+        def get_asset_key(self, table: CapturedTable) -> AssetKey:
+            return AssetKey(["bronze", *super().get_asset_key(table).path])
+
+    defs = build_definitions(load_config(), translator=MyTranslator())
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from dagster import AssetKey, MetadataValue
+
+from cdc_assets.catalog import CapturedTable
+
+STATUS_TAG = "cdc_assets/status"  # "retired" once the source table was dropped
+
+
+def dagster_name(text: str) -> str:
+    """``text`` with the characters Dagster names do not allow replaced by ``_``."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", text)
+
+
+class CdcTranslator:
+    """The default presentation of captured tables; every method may be overridden."""
+
+    def get_asset_key(self, table: CapturedTable) -> AssetKey:
+        """``[topic.prefix, schema, table]`` (or ``[topic.prefix, table]``), as Dagster names."""
+        return AssetKey([dagster_name(part) for part in (table.topic_prefix, *table.name.split("."))])
+
+    def get_group_name(self, table: CapturedTable) -> str:
+        """The connector's name."""
+        return dagster_name(table.connector)
+
+    def get_owners(self, table: CapturedTable) -> list[str]:
+        """The owners from the config (table entries override their connector's)."""
+        return list(table.owners)
+
+    def get_tags(self, table: CapturedTable) -> dict[str, str]:
+        """The tags from the config, plus ``cdc_assets/status`` (``active`` or ``retired``)."""
+        return {**dict(table.tags), STATUS_TAG: "retired" if table.retired else "active"}
+
+    def get_description(self, table: CapturedTable) -> str:
+        """Where the table comes from and goes, and how it is applied."""
+        keys = ", ".join(table.key_columns) if table.key_columns else "from the record key"
+        return (f"`{table.name}` captured by {table.kind} connector `{table.connector}`: topic `{table.topic}` "
+                f"merged into Delta at `{table.target.path}` (keys: {keys}; apply mode {table.apply_mode}; "
+                f"bad events: {table.on_bad_event}).")
+
+    def get_metadata(self, table: CapturedTable) -> dict[str, Any]:
+        """The asset's static metadata."""
+        return {"topic": table.topic, "delta_path": MetadataValue.path(table.target.path),
+                "connector": table.connector, "connector_kind": table.kind, "source_table": table.name,
+                "apply_mode": table.apply_mode, "retired": table.retired}
