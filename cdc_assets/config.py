@@ -19,6 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cdc_assets.io.signals import DEFAULT_DEBEZIUM_VERSION
+
 CONFIG_ENV_VAR = "CDC_ASSETS_CONFIG"
 DEMO_CONFIG_PATH = Path(__file__).parent / "demo" / "pipeline.yaml"
 
@@ -149,6 +151,9 @@ class SignalConfig(_Model):
     topic: str | None = Field(default=None, description="the connector's signal.kafka.topic")
     table: str | None = Field(default=None, description="the connector's signal.data.collection, schema.table")
     dsn_env: str | None = Field(default=None, description="env var with the source database connection string")
+    debezium_version: str = Field(default=DEFAULT_DEBEZIUM_VERSION, pattern=r"^\d+\.\d+",
+                                  description="the connector's Debezium version: which signals it takes, "
+                                              "and in which form")
 
     @model_validator(mode="after")
     def _channel_settings(self) -> SignalConfig:

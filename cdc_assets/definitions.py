@@ -20,6 +20,8 @@ from jobs import (
     build_snapshot_schedules,
     cdc_merge_job,
     incremental_snapshot_job,
+    pause_snapshot_job,
+    resume_snapshot_job,
     stop_snapshot_job,
 )
 from sensors import make_schema_change_sensor, make_snapshot_backfill_sensor, make_transaction_sensor
@@ -57,7 +59,8 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
         assets=[build_cdc_asset(table, config.batch, transactional.get(table.connector), translator)
                 for table in tables],
         asset_checks=[check for table in tables for check in build_table_checks(table, translator)],
-        jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job, apply_schema_change_job],
+        jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job, resume_snapshot_job,
+              apply_schema_change_job],
         schedules=[*build_merge_schedules(config), *build_snapshot_schedules(config)],
         sensors=sensors,
         resources=build_resources(config),

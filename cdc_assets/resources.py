@@ -14,7 +14,13 @@ from cdc_assets.catalog import pipeline_table_path
 from cdc_assets.config import KafkaConfig, PipelineConfig
 from cdc_assets.io.delta import DeltaRsWriter, DeltaWriter, select_writer
 from cdc_assets.io.kafka_source import KafkaSource
-from cdc_assets.io.signals import KafkaSignalChannel, SignalChannel, SignalError, SourceTableSignalChannel
+from cdc_assets.io.signals import (
+    DEFAULT_DEBEZIUM_VERSION,
+    KafkaSignalChannel,
+    SignalChannel,
+    SignalError,
+    SourceTableSignalChannel,
+)
 from cdc_assets.io.spark import spark_config
 from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
 
@@ -127,6 +133,7 @@ class ConnectorSignals(Config):
     topic: str | None = None
     table: str | None = None
     dsn: str | None = None
+    debezium_version: str = DEFAULT_DEBEZIUM_VERSION
 
 
 class SignalsResource(ConfigurableResource):
@@ -136,12 +143,17 @@ class SignalsResource(ConfigurableResource):
     audit_path: str
     storage_options: dict[str, str] = {}
 
-    def channel(self, connector: str, kafka: KafkaResource, channel: str | None = None) -> SignalChannel:
-        """The channel to signal ``connector`` through (its configured one unless ``channel`` says)."""
+    def settings(self, connector: str) -> ConnectorSignals:
+        """The signal settings of ``connector``, or a ``SignalError`` naming the configured ones."""
         settings = self.connectors.get(connector)
         if settings is None:
             raise SignalError(f"connector '{connector}' has no signal channel configured "
                               f"(configured: {sorted(self.connectors) or 'none'})")
+        return settings
+
+    def channel(self, connector: str, kafka: KafkaResource, channel: str | None = None) -> SignalChannel:
+        """The channel to signal ``connector`` through (its configured one unless ``channel`` says)."""
+        settings = self.settings(connector)
         wanted = channel or settings.channel
         if wanted == "kafka" and settings.topic:
             return KafkaSignalChannel(kafka.client_settings(), settings.topic, settings.topic_prefix)
@@ -183,7 +195,7 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
                 connector.name: ConnectorSignals(
                     topic_prefix=connector.topic_prefix, channel=connector.signal.channel,
                     topic=connector.signal.topic, table=connector.signal.table,
-                    dsn=secret(connector.signal.dsn_env))
+                    dsn=secret(connector.signal.dsn_env), debezium_version=connector.signal.debezium_version)
                 for connector in config.connectors if connector.signal is not None
             },
             audit_path=signals_audit_path(config),

@@ -6,6 +6,8 @@ from jobs.snapshots import (
     build_snapshot_schedules,
     execute_snapshot_run_config,
     incremental_snapshot_job,
+    pause_snapshot_job,
+    resume_snapshot_job,
     stop_snapshot_job,
 )
 
@@ -16,5 +18,7 @@ __all__ = [
     "cdc_merge_job",
     "execute_snapshot_run_config",
     "incremental_snapshot_job",
+    "pause_snapshot_job",
+    "resume_snapshot_job",
     "stop_snapshot_job",
 ]

@@ -1,9 +1,14 @@
-"""Incremental-snapshot jobs: send Debezium ``execute-snapshot`` / ``stop-snapshot`` signals.
+"""Snapshot signal jobs: ``execute-snapshot`` (incremental or blocking), ``stop-snapshot``,
+``pause-snapshot`` and ``resume-snapshot``.
 
-Each run validates the signal (nothing is sent when it is invalid), sends it through the
-connector's channel (Kafka signal topic or source signal table), records it in the signals audit
-table and shows it as output metadata. Signal ids are ``cdc-assets-<run id>-<n>``.
+Each run validates the signal for the connector's Debezium version (nothing is sent when it is
+invalid), sends it through the connector's channel (Kafka signal topic or source signal table),
+records it in the signals audit table and shows it as output metadata. Signal ids are
+``cdc-assets-<run id>-<n>``.
 """
+
+from enum import Enum
+from typing import Literal
 
 from dagster import (
     Config,
@@ -22,28 +27,55 @@ from cdc_assets.io.signals import SignalType, SnapshotSignal, audit_signal, sign
 from cdc_assets.resources import KafkaResource, SignalsResource
 
 
-class SnapshotSignalConfig(Config):
-    """Run config of a snapshot signal (launchpad)."""
+class TableFilter(Config):
+    """An additional condition for one data collection."""
+
+    table: str = Field(description="the data collection, '<schema>.<table>' (or a regex matching it)")
+    filter: str = Field(description="SQL predicate (incremental), or the SELECT statement (blocking)")
+
+
+class Channel(Enum):
+    """The signal channels a connector may have."""
+
+    kafka = "kafka"
+    source = "source"
+
+
+class SignalTarget(Config):
+    """Run config of a signal for a whole snapshot (launchpad): pause and resume."""
 
     connector: str = Field(description="connector name from the pipeline config")
+    channel: Channel | None = Field(default=None, description="kafka or source; default: the connector's")
+
+
+class SnapshotSignalConfig(SignalTarget):
+    """Run config of an execute or stop snapshot signal (launchpad)."""
+
     tables: list[str] = Field(default=[], description="data collections: '<schema>.<table>' names or regexes; "
                                                       "for stop, empty stops the whole snapshot")
-    additional_condition: str | None = Field(default=None, description="SQL predicate, execute only")
+    snapshot_type: Literal["incremental", "blocking"] = Field(
+        default="incremental", description="blocking: the connector pauses streaming while it snapshots")
+    additional_condition: str | None = Field(default=None,
+                                             description="one SQL predicate for every listed table (execute)")
+    additional_conditions: list[TableFilter] = Field(default=[], description="a filter per table (execute)")
     surrogate_key: str | None = Field(default=None, description="column to chunk by instead of the key")
-    channel: str | None = Field(default=None, description="kafka or source; default: the connector's")
 
 
-def _send(context: OpExecutionContext, config: SnapshotSignalConfig, signal_type: SignalType,
-          kafka: KafkaResource, signals: SignalsResource) -> Output[str]:
-    signal = SnapshotSignal(
-        id=signal_ids(context.run_id, 1)[0],
-        type=signal_type,
-        data_collections=tuple(config.tables),
-        additional_condition=config.additional_condition,
-        surrogate_key=config.surrogate_key,
-    )
+def _send(context: OpExecutionContext, config: SignalTarget, signal_type: SignalType, kafka: KafkaResource,
+          signals: SignalsResource) -> Output[str]:
+    version = signals.settings(config.connector).debezium_version
+    signal_id = signal_ids(context.run_id, 1)[0]
+    if isinstance(config, SnapshotSignalConfig):
+        conditions = [(table, config.additional_condition) for table in config.tables
+                      if config.additional_condition]
+        conditions += [(condition.table, condition.filter) for condition in config.additional_conditions]
+        signal = SnapshotSignal(id=signal_id, type=signal_type, data_collections=tuple(config.tables),
+                                snapshot_type=config.snapshot_type, additional_conditions=tuple(conditions),
+                                surrogate_key=config.surrogate_key, debezium_version=version)
+    else:
+        signal = SnapshotSignal(id=signal_id, type=signal_type, debezium_version=version)
     signal.validate()
-    channel = signals.channel(config.connector, kafka, config.channel)
+    channel = signals.channel(config.connector, kafka, config.channel.value if config.channel else None)
     channel.send(signal)
     row = audit_signal(signals.audit_path, signals.storage_options, signal, channel.name, config.connector,
                        context.run_id)
@@ -55,19 +87,31 @@ def _send(context: OpExecutionContext, config: SnapshotSignalConfig, signal_type
     })
 
 
-@op(description="Send an execute-snapshot signal (incremental snapshot of the given tables).")
+@op(description="Send an execute-snapshot signal (an incremental or blocking snapshot of the given tables).")
 def send_execute_snapshot(context: OpExecutionContext, config: SnapshotSignalConfig, kafka: KafkaResource,
                           signals: SignalsResource) -> Output[str]:
     return _send(context, config, "execute-snapshot", kafka, signals)
 
 
-@op(description="Send a stop-snapshot signal (the given tables, or the whole snapshot).")
+@op(description="Send a stop-snapshot signal (the given tables, or the whole incremental snapshot).")
 def send_stop_snapshot(context: OpExecutionContext, config: SnapshotSignalConfig, kafka: KafkaResource,
                        signals: SignalsResource) -> Output[str]:
     return _send(context, config, "stop-snapshot", kafka, signals)
 
 
-@job(description="Request a Debezium incremental snapshot of tables (execute-snapshot signal).")
+@op(description="Send a pause-snapshot signal (the running incremental snapshot waits).")
+def send_pause_snapshot(context: OpExecutionContext, config: SignalTarget, kafka: KafkaResource,
+                        signals: SignalsResource) -> Output[str]:
+    return _send(context, config, "pause-snapshot", kafka, signals)
+
+
+@op(description="Send a resume-snapshot signal (a paused incremental snapshot goes on).")
+def send_resume_snapshot(context: OpExecutionContext, config: SignalTarget, kafka: KafkaResource,
+                         signals: SignalsResource) -> Output[str]:
+    return _send(context, config, "resume-snapshot", kafka, signals)
+
+
+@job(description="Request a Debezium snapshot of tables, incremental (default) or blocking (execute-snapshot).")
 def incremental_snapshot_job() -> None:
     send_execute_snapshot()
 
@@ -75,6 +119,16 @@ def incremental_snapshot_job() -> None:
 @job(description="Stop a running Debezium incremental snapshot (stop-snapshot signal).")
 def stop_snapshot_job() -> None:
     send_stop_snapshot()
+
+
+@job(description="Pause the running Debezium incremental snapshot (pause-snapshot signal).")
+def pause_snapshot_job() -> None:
+    send_pause_snapshot()
+
+
+@job(description="Resume a paused Debezium incremental snapshot (resume-snapshot signal).")
+def resume_snapshot_job() -> None:
+    send_resume_snapshot()
 
 
 def execute_snapshot_run_config(connector: str, tables: list[str], additional_condition: str | None = None,

@@ -1,8 +1,10 @@
-"""Debezium signals: ``execute-snapshot`` / ``stop-snapshot`` (incremental snapshots), sent through
-the connector's Kafka signal topic or its signal table in the source database, and audited.
+"""Debezium signals: ``execute-snapshot`` (incremental or blocking), ``stop-snapshot``,
+``pause-snapshot`` and ``resume-snapshot``, sent through the connector's Kafka signal topic or its
+signal table in the source database, and audited.
 
-Nothing is sent unless the signal validates: ``data-collections`` non-empty for execute and each a
-valid regex, a known snapshot ``type``, a signal table name made of plain identifiers.
+Nothing is sent unless the signal validates for the connector's Debezium version: ``data-collections``
+non-empty for execute and each a valid regex, a snapshot type the signal takes, a signal the version
+supports, a signal table name made of plain identifiers.
 """
 
 from __future__ import annotations
@@ -17,9 +19,20 @@ from typing import Literal, Protocol
 import pyarrow as pa
 from confluent_kafka import KafkaException, Producer
 
-SignalType = Literal["execute-snapshot", "stop-snapshot"]
-SNAPSHOT_TYPES = ("incremental",)
+SignalType = Literal["execute-snapshot", "stop-snapshot", "pause-snapshot", "resume-snapshot"]
+SnapshotType = Literal["incremental", "blocking"]
+SIGNAL_TYPES: tuple[SignalType, ...] = ("execute-snapshot", "stop-snapshot", "pause-snapshot", "resume-snapshot")
+SNAPSHOT_TYPES: tuple[SnapshotType, ...] = ("incremental", "blocking")
+DEFAULT_DEBEZIUM_VERSION = "3.0"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]{0,62}$")
+
+# The Debezium version that first understood each signal feature (its release notes: stop, pause and
+# resume came with 2.0; blocking snapshots and per-collection ``additional-conditions`` with 2.4, which
+# also stopped reading the single ``additional-condition``).
+SINCE: dict[str, tuple[int, int]] = {
+    "execute-snapshot": (1, 6), "stop-snapshot": (2, 0), "pause-snapshot": (2, 0), "resume-snapshot": (2, 0),
+    "blocking": (2, 4), "additional-conditions": (2, 4),
+}
 
 AUDIT_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -44,31 +57,68 @@ def data_collection(*parts: str) -> str:
     return ".".join(parts)
 
 
+def parse_version(version: str) -> tuple[int, int]:
+    """``"3.6"`` / ``"3.6.3.Final"`` as ``(3, 6)``."""
+    match = re.match(r"^(\d+)\.(\d+)", version.strip())
+    if match is None:
+        raise SignalError(f"Debezium version '{version}' is not of the form MAJOR.MINOR")
+    return int(match.group(1)), int(match.group(2))
+
+
 @dataclass(frozen=True)
 class SnapshotSignal:
-    """An ``execute-snapshot`` or ``stop-snapshot`` signal."""
+    """A snapshot signal for a connector of ``debezium_version``.
+
+    ``additional_conditions``: ``(data collection, filter)`` pairs; the filter is a SQL predicate for
+    an incremental snapshot and the snapshot's SELECT statement for a blocking one."""
 
     id: str
     type: SignalType
     data_collections: tuple[str, ...] = ()
-    snapshot_type: str | None = "incremental"
-    additional_condition: str | None = None
+    snapshot_type: SnapshotType | None = "incremental"
+    additional_conditions: tuple[tuple[str, str], ...] = ()
     surrogate_key: str | None = None
+    debezium_version: str = DEFAULT_DEBEZIUM_VERSION
+
+    def _needs(self, feature: str, what: str) -> None:
+        since = SINCE[feature]
+        if parse_version(self.debezium_version) < since:
+            raise SignalError(f"signal {self.id}: {what} needs Debezium {since[0]}.{since[1]} or later "
+                              f"(the connector's signal.debezium_version is {self.debezium_version})")
 
     def validate(self) -> None:
         """Raise ``SignalError`` naming what is wrong."""
-        if self.type not in ("execute-snapshot", "stop-snapshot"):
+        if self.type not in SIGNAL_TYPES:
             raise SignalError(f"signal {self.id}: unknown signal type '{self.type}'")
         if not self.id:
             raise SignalError("a signal needs an id")
+        self._needs(self.type, self.type)
         if self.type == "execute-snapshot" and not self.data_collections:
             raise SignalError(f"signal {self.id}: execute-snapshot needs at least one data collection")
-        if self.snapshot_type is None:
-            raise SignalError(f"signal {self.id}: {self.type} needs a snapshot type (incremental)")
-        if self.snapshot_type.lower() not in SNAPSHOT_TYPES:
-            raise SignalError(f"signal {self.id}: snapshot type '{self.snapshot_type}' is not supported "
-                              f"(expected one of {list(SNAPSHOT_TYPES)})")
-        for collection in self.data_collections:
+        if self.type in ("execute-snapshot", "stop-snapshot"):
+            if self.snapshot_type is None:
+                raise SignalError(f"signal {self.id}: {self.type} needs a snapshot type "
+                                  f"(one of {list(SNAPSHOT_TYPES)})")
+            if self.snapshot_type.lower() not in SNAPSHOT_TYPES:
+                raise SignalError(f"signal {self.id}: snapshot type '{self.snapshot_type}' is not supported "
+                                  f"(expected one of {list(SNAPSHOT_TYPES)})")
+        if self.snapshot_type == "blocking":
+            if self.type != "execute-snapshot":
+                raise SignalError(f"signal {self.id}: {self.type} applies to incremental snapshots only; a "
+                                  "blocking snapshot cannot be stopped, paused or resumed")
+            self._needs("blocking", "a blocking snapshot")
+        if self.type in ("pause-snapshot", "resume-snapshot") and (self.data_collections or self.additional_conditions):
+            raise SignalError(f"signal {self.id}: {self.type} takes no tables: it pauses or resumes the whole "
+                              "incremental snapshot")
+        if self.additional_conditions or self.surrogate_key:
+            if self.type != "execute-snapshot":
+                raise SignalError(f"signal {self.id}: additional conditions and a surrogate key go with "
+                                  "execute-snapshot only")
+            filters = {condition for _, condition in self.additional_conditions}
+            if parse_version(self.debezium_version) < SINCE["additional-conditions"] and (
+                    len(filters) > 1 or {c for c, _ in self.additional_conditions} != set(self.data_collections)):
+                self._needs("additional-conditions", "a filter per data collection")
+        for collection in (*self.data_collections, *(c for c, _ in self.additional_conditions)):
             if not collection.strip():
                 raise SignalError(f"signal {self.id}: an empty data collection name")
             try:
@@ -76,16 +126,23 @@ class SnapshotSignal:
             except re.error as exc:
                 raise SignalError(f"signal {self.id}: data collection '{collection}' is not a valid regex: "
                                   f"{exc}") from exc
+        for collection, condition in self.additional_conditions:
+            if not condition.strip():
+                raise SignalError(f"signal {self.id}: the additional condition of '{collection}' is empty")
 
     def data(self) -> dict[str, object]:
-        """The signal's ``data`` object, in Debezium's field names."""
+        """The signal's ``data`` object, in Debezium's field names, in the form its version reads."""
         data: dict[str, object] = {}
         if self.data_collections:
             data["data-collections"] = list(self.data_collections)
         if self.snapshot_type is not None:
             data["type"] = self.snapshot_type.lower()
-        if self.additional_condition:
-            data["additional-condition"] = self.additional_condition
+        if self.additional_conditions:
+            if parse_version(self.debezium_version) >= SINCE["additional-conditions"]:
+                data["additional-conditions"] = [{"data-collection": collection, "filter": condition}
+                                                 for collection, condition in self.additional_conditions]
+            else:
+                data["additional-condition"] = self.additional_conditions[0][1]
         if self.surrogate_key:
             data["surrogate-key"] = self.surrogate_key
         return data

@@ -1,7 +1,10 @@
 """Snapshot signal jobs, schedules and an end-to-end incremental snapshot, on real parts."""
 
 import json
+import uuid
 
+import psycopg
+import pytest
 from dagster import DagsterInstance, build_schedule_context
 from deltalake import DeltaTable
 
@@ -128,3 +131,65 @@ def test_incremental_snapshot_reads_never_overwrite_newer_streamed_changes(spark
     assert report.summary.last_incremental_snapshot_read_ts.year == 2023
     rows = read_rows(spark, writer, table)
     assert {k[0]: row["name"] for k, row in rows.items()} == {0: "v2-0", 1: "v2-1", 2: "snap-2", 3: "snap-3"}
+
+
+SIGNAL_JOBS = [  # job, op, run config, what the connector receives
+    ("incremental_snapshot_job", "send_execute_snapshot",
+     {"tables": ["inventory.customers", "inventory.orders"],
+      "additional_conditions": [{"table": "inventory.customers", "filter": "region = 'eu'"},
+                                {"table": "inventory.orders", "filter": "total > 10"}]},
+     ("execute-snapshot", {"data-collections": ["inventory.customers", "inventory.orders"], "type": "incremental",
+                           "additional-conditions": [
+                               {"data-collection": "inventory.customers", "filter": "region = 'eu'"},
+                               {"data-collection": "inventory.orders", "filter": "total > 10"}]})),
+    ("incremental_snapshot_job", "send_execute_snapshot", {"tables": ["inventory.customers"],
+                                                           "snapshot_type": "blocking"},
+     ("execute-snapshot", {"data-collections": ["inventory.customers"], "type": "blocking"})),
+    ("pause_snapshot_job", "send_pause_snapshot", {}, ("pause-snapshot", {"type": "incremental"})),
+    ("resume_snapshot_job", "send_resume_snapshot", {}, ("resume-snapshot", {"type": "incremental"})),
+    ("stop_snapshot_job", "send_stop_snapshot", {"tables": ["inventory.customers"]},
+     ("stop-snapshot", {"data-collections": ["inventory.customers"], "type": "incremental"})),
+]
+
+
+@pytest.mark.parametrize("channel", ["kafka", "source"])
+def test_every_signal_job_sends_its_payload_through_each_channel_and_audits_it(broker, postgres, tmp_path,
+                                                                               monkeypatch, channel):
+    signal_topic = new_topic(broker, "dbserver1.signals")
+    table = f"signal_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA IF NOT EXISTS debezium; CREATE TABLE debezium.{table} "
+                           "(id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048), "
+                           "sent serial)")  # sent: the order of the inserts, for this test only
+    monkeypatch.setenv("INVENTORY_SIGNAL_DSN", postgres.dsn())
+    text = CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path, signal_topic=signal_topic).replace(
+        f"      topic: {signal_topic}\n",
+        f"      topic: {signal_topic}\n      table: debezium.{table}\n      dsn_env: INVENTORY_SIGNAL_DSN\n"
+        "      debezium_version: '3.6'\n")
+    defs = build_definitions(parse_config(text))
+    for job, op, settings, _ in SIGNAL_JOBS:
+        result = defs.resolve_job_def(job).execute_in_process(
+            run_config={"ops": {op: {"config": {"connector": "inventory", "channel": channel, **settings}}}})
+        assert result.success
+    if channel == "kafka":
+        sent = [(value["type"], value["data"]) for key, value in read_topic(broker, signal_topic)]
+    else:
+        with psycopg.connect(postgres.dsn()) as connection:
+            rows = connection.execute(f"SELECT type, data FROM debezium.{table} ORDER BY sent").fetchall()
+        sent = [(kind, json.loads(data)) for kind, data in rows]
+    assert sent == [expected for *_, expected in SIGNAL_JOBS]
+    audit = DeltaTable(str(tmp_path / "_cdc_assets" / "signals")).to_pyarrow_table().to_pylist()
+    assert [(row["channel"], row["type"]) for row in sorted(audit, key=lambda row: row["sent_at"])] == [
+        (channel, kind) for *_, (kind, _) in SIGNAL_JOBS]
+
+
+def test_a_signal_the_connectors_version_lacks_fails_naming_the_version_and_sends_nothing(broker, tmp_path):
+    signal_topic = new_topic(broker, "dbserver1.signals")
+    text = CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path, signal_topic=signal_topic).replace(
+        f"      topic: {signal_topic}\n", f"      topic: {signal_topic}\n      debezium_version: '1.9'\n")
+    result = build_definitions(parse_config(text)).resolve_job_def("pause_snapshot_job").execute_in_process(
+        run_config={"ops": {"send_pause_snapshot": {"config": {"connector": "inventory"}}}}, raise_on_error=False)
+    assert not result.success
+    failure = result.get_step_failure_events()[0].event_specific_data.error.cause
+    assert "pause-snapshot needs Debezium 2.0 or later" in failure.message
+    assert read_topic(broker, signal_topic) == []
