@@ -136,6 +136,7 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits, peers: Mapping[st
         pool=f"cdc_table_{dagster_name(table.topic)}",
         owners=translator.get_owners(table) or None,
         tags=translator.get_tags(table),
+        freshness_policy=translator.get_freshness_policy(table),
     )
     def merge_table(context: AssetExecutionContext, config: MergeConfig, spark: LazyPySparkResource,
                     kafka: KafkaResource, delta: DeltaResource) -> MaterializeResult:

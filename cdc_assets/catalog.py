@@ -35,6 +35,7 @@ class CapturedTable:
     transaction_log: TransactionLog | None = None  # set when the table applies whole transactions only
     watermarks: DeltaTarget | None = None
     max_watermark_lag_s: float = 3600.0
+    max_heartbeat_age_s: float | None = None  # the connector sends heartbeats: how old the newest may be
 
     @property
     def app_id(self) -> str:
@@ -88,6 +89,7 @@ def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: T
         transaction_log=_transaction_log(config, connector, table),
         watermarks=DeltaTarget(pipeline_table_path(config.delta.root, "watermarks"), options),
         max_watermark_lag_s=connector.max_watermark_lag_s,
+        max_heartbeat_age_s=connector.max_heartbeat_age_s,
     )
 
 

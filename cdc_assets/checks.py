@@ -1,10 +1,13 @@
 """Asset checks of every CDC table: the keys are unique and never null (blocking: they guard
-correctness for anything downstream), the capture lag is under its bound, no event of the table
-sits in the dead-letter table, and the Delta schema holds every column the source last announced."""
+correctness for anything downstream), the table is fresh now (no event waits in its topic longer
+than its bound, the connector's heartbeats are recent), the capture lag of the last merge is under
+its bound, no event of the table sits in the dead-letter table, and the Delta schema holds every
+column the source last announced."""
 
 import json
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from typing import Any
 
 import pyarrow.dataset as pds
 from dagster import (
@@ -21,10 +24,11 @@ from dagster_pyspark import LazyPySparkResource
 from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
-from cdc_assets.io.delta import KeyReport
+from cdc_assets.io.delta import DeltaRsWriter, KeyReport
+from cdc_assets.io.freshness import TableFreshness, freshness_verdict, last_heartbeat, table_freshness
 from cdc_assets.io.registry import read_registry
 from cdc_assets.io.transactions import latest_watermark
-from cdc_assets.resources import DeltaResource
+from cdc_assets.resources import DeltaResource, KafkaResource
 from cdc_assets.translator import CdcTranslator, dagster_name
 
 
@@ -35,6 +39,31 @@ def _key_report(table: CapturedTable, delta: DeltaResource, spark: LazyPySparkRe
     progress = writer.read_progress(table.target, table.app_id)
     keys = table.key_columns or (progress.key_columns if progress else ())
     return writer.key_report(table.target, keys) if keys else None
+
+
+FRESHNESS_CHECK = "freshness"
+
+
+def live_freshness(table: CapturedTable, kafka_settings: dict[str, Any]) -> tuple[TableFreshness, datetime | None]:
+    """The table's topic against the offsets its Delta table committed, and the connector's newest
+    heartbeat (looked up only for a connector that sends them)."""
+    progress = DeltaRsWriter().read_progress(table.target, table.app_id)  # the Delta log alone: no Spark
+    state = table_freshness(kafka_settings, table.topic, progress.offsets if progress else None)
+    heartbeat = last_heartbeat(kafka_settings, table.topic_prefix) if table.max_heartbeat_age_s else None
+    return state, heartbeat
+
+
+def freshness_metadata(state: TableFreshness, heartbeat: datetime | None) -> dict[str, Any]:
+    """What the freshness check and the events-waiting observations show."""
+    metadata: dict[str, Any] = {"events_waiting": state.events_waiting, "behind_s": round(state.behind_s, 3)}
+    if state.waiting_since is not None:
+        metadata["waiting_since"] = state.waiting_since.isoformat()
+    if state.newest_source_time is not None:
+        metadata["newest_waiting_source_time"] = state.newest_source_time.isoformat()
+    if heartbeat is not None:
+        metadata["last_heartbeat_at"] = heartbeat.isoformat()
+        metadata["heartbeat_age_s"] = round((state.checked_at - heartbeat).total_seconds(), 3)
+    return metadata
 
 
 def build_table_checks(table: CapturedTable, translator: CdcTranslator | None = None) -> list[AssetChecksDefinition]:
@@ -67,6 +96,18 @@ def build_table_checks(table: CapturedTable, translator: CdcTranslator | None = 
                 check_name="no_null_keys", passed=report is None or report.null_keys == 0,
                 metadata={"rows": 0, "note": "no batch applied yet"} if report is None else
                 {"null_keys": report.null_keys})
+
+    heartbeat_rule = (f"; the connector's newest heartbeat is at most {table.max_heartbeat_age_s:.0f}s old"
+                      if table.max_heartbeat_age_s else "")
+
+    @asset_check(asset=key, name=FRESHNESS_CHECK, description=(
+        f"Live, on its own schedule: no event of {name} has waited in its topic longer than "
+        f"{table.max_capture_lag_s:.0f}s{heartbeat_rule}."))
+    def freshness(context: AssetCheckExecutionContext, kafka: KafkaResource) -> AssetCheckResult:
+        state, heartbeat = live_freshness(table, kafka.client_settings())
+        verdict = freshness_verdict(state, table.max_capture_lag_s, heartbeat, table.max_heartbeat_age_s)
+        return AssetCheckResult(passed=verdict.passed, description=verdict.reason,
+                                metadata={**freshness_metadata(state, heartbeat), "bound_s": table.max_capture_lag_s})
 
     @asset_check(asset=key, name="capture_lag", description=(
         f"The newest change applied by the last merge of {name} is at most {table.max_capture_lag_s:.0f}s old."))
@@ -102,7 +143,7 @@ def build_table_checks(table: CapturedTable, translator: CdcTranslator | None = 
         return AssetCheckResult(passed=not missing, severity=AssetCheckSeverity.WARN,
                                 metadata={"missing_columns": missing, "announced": entry.columns.fieldNames()})
 
-    checks = [key_checks, capture_lag, no_dead_letters, schema_matches_source]
+    checks = [key_checks, freshness, capture_lag, no_dead_letters, schema_matches_source]
     if table.transaction_log is not None:
         checks += _transaction_checks(table, key)
     return checks

@@ -189,6 +189,9 @@ class ConnectorConfig(_Model):
     transaction_metadata: bool = Field(default=False, description="provide.transaction.metadata is on")
     transaction_topic: str | None = Field(default=None, description="default '<topic.prefix>.transaction'")
     max_watermark_lag_s: float = Field(default=3600.0, gt=0, description="bound of the watermark check")
+    max_heartbeat_age_s: float | None = Field(
+        default=None, gt=0, description="the connector sends heartbeats (heartbeat.interval.ms > 0): the freshness "
+                                        "check fails when the newest is older than this")
     owners: list[str] = Field(default_factory=list, description="default owners of the connector's tables")
     tags: dict[str, str] = Field(default_factory=dict, description="default tags of the connector's tables")
 
@@ -227,6 +230,13 @@ class MergeScheduleConfig(_Model):
     timezone: str = "UTC"
 
 
+class FreshnessScheduleConfig(MergeScheduleConfig):
+    """A cron schedule for the freshness checks (read-only, so running by default)."""
+
+    cron: str = "*/5 * * * *"
+    running: bool = True
+
+
 class PipelineConfig(_Model):
     """The whole pipeline: Kafka, Spark, Delta, batch limits, connectors and the merge schedule."""
 
@@ -235,6 +245,7 @@ class PipelineConfig(_Model):
     delta: DeltaConfig
     batch: BatchLimits = Field(default_factory=BatchLimits)
     merge_schedule: MergeScheduleConfig | None = None
+    freshness_schedule: FreshnessScheduleConfig = Field(default_factory=FreshnessScheduleConfig)
     max_capture_lag_s: float = Field(default=3600.0, gt=0, description="default bound of the capture-lag check")
     connectors: list[ConnectorConfig]
 

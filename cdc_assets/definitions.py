@@ -3,11 +3,11 @@ from the pipeline config."""
 
 from __future__ import annotations
 
-from dagster import Definitions, in_process_executor
+from dagster import AssetCheckKey, Definitions, in_process_executor
 
 from cdc_assets.assets import build_cdc_asset
 from cdc_assets.catalog import resolve_tables
-from cdc_assets.checks import build_table_checks
+from cdc_assets.checks import FRESHNESS_CHECK, build_table_checks
 from cdc_assets.config import PipelineConfig, load_config
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka_source import KafkaSource
@@ -16,6 +16,8 @@ from cdc_assets.resources import build_resources, kafka_client_settings, registr
 from cdc_assets.translator import CdcTranslator
 from jobs import (
     apply_schema_change_job,
+    build_freshness_job,
+    build_freshness_schedule,
     build_merge_schedules,
     build_snapshot_schedules,
     cdc_merge_job,
@@ -24,13 +26,19 @@ from jobs import (
     resume_snapshot_job,
     stop_snapshot_job,
 )
-from sensors import make_schema_change_sensor, make_snapshot_backfill_sensor, make_transaction_sensor
+from sensors import (
+    make_events_waiting_sensor,
+    make_schema_change_sensor,
+    make_snapshot_backfill_sensor,
+    make_transaction_sensor,
+)
 
 
 def build_definitions(config: PipelineConfig, translator: CdcTranslator | None = None) -> Definitions:
     """Assets (one per captured table), checks, jobs, schedules, sensors and resources for a pipeline
     config; ``translator`` (default ``CdcTranslator()``) decides how each table appears in Dagster."""
     translator = translator or CdcTranslator()
+
     def list_topics() -> list[str]:
         source = KafkaSource(kafka_client_settings(config.kafka))
         try:
@@ -40,8 +48,12 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
 
     registry = read_registry(registry_path(config), config.delta.storage_options)
     tables = resolve_tables(config, list_topics=list_topics, registry=registry)
+    live = [table for table in tables if not table.retired]
     signalled = {connector.name for connector in config.connectors if connector.signal is not None}
-    sensors = [make_schema_change_sensor(config, tables, apply_schema_change_job, translator=translator)]
+    sensors = [make_schema_change_sensor(config, tables, apply_schema_change_job, translator=translator),
+               make_events_waiting_sensor(live, kafka_client_settings(config.kafka), translator=translator)]
+    freshness_job = build_freshness_job([AssetCheckKey(translator.get_asset_key(table), FRESHNESS_CHECK)
+                                         for table in live])
     transactional: dict[str, dict[str, DeltaTarget]] = {}
     for table in tables:
         if table.transaction_log is not None and not table.retired:
@@ -52,16 +64,16 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
                                                    kafka_client_settings(config.kafka), cdc_merge_job,
                                                    translator=translator))
     if signalled:
-        live = [t for t in tables if t.connector in signalled and not t.retired]
-        sensors.append(make_snapshot_backfill_sensor(live, incremental_snapshot_job, cdc_merge_job,
-                                                     translator=translator))
+        sensors.append(make_snapshot_backfill_sensor([t for t in live if t.connector in signalled],
+                                                     incremental_snapshot_job, cdc_merge_job, translator=translator))
     return Definitions(
         assets=[build_cdc_asset(table, config.batch, transactional.get(table.connector), translator)
                 for table in tables],
         asset_checks=[check for table in tables for check in build_table_checks(table, translator)],
         jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job, resume_snapshot_job,
-              apply_schema_change_job],
-        schedules=[*build_merge_schedules(config), *build_snapshot_schedules(config)],
+              apply_schema_change_job, freshness_job],
+        schedules=[*build_merge_schedules(config), *build_snapshot_schedules(config),
+                   build_freshness_schedule(config, freshness_job)],
         sensors=sensors,
         resources=build_resources(config),
         # One process and one Spark session for all tables of a run: a JVM start costs seconds.

@@ -14,9 +14,10 @@ dagster-sling's and dagster-dlt's translators::
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any
 
-from dagster import AssetKey, MetadataValue
+from dagster import AssetKey, FreshnessPolicy, MetadataValue
 
 from cdc_assets.catalog import CapturedTable
 
@@ -59,3 +60,10 @@ class CdcTranslator:
         return {"topic": table.topic, "delta_path": MetadataValue.path(table.target.path),
                 "connector": table.connector, "connector_kind": table.kind, "source_table": table.name,
                 "apply_mode": table.apply_mode, "retired": table.retired}
+
+    def get_freshness_policy(self, table: CapturedTable) -> FreshnessPolicy | None:
+        """Dagster's freshness: the table was merged within its capture-lag bound. It counts merge runs,
+        so it expects a merge schedule; the ``freshness`` check tells a quiet source from a stalled
+        pipeline whatever runs."""
+        # Dagster takes no window under a minute.
+        return FreshnessPolicy.time_window(fail_window=timedelta(seconds=max(60.0, table.max_capture_lag_s)))

@@ -1,5 +1,6 @@
 """Jobs of the code location: the micro-batch merge and the snapshot signals."""
 
+from jobs.freshness import build_freshness_job, build_freshness_schedule
 from jobs.merge import build_merge_schedules, cdc_merge_job
 from jobs.schema_changes import apply_schema_change_job
 from jobs.snapshots import (
@@ -13,6 +14,8 @@ from jobs.snapshots import (
 
 __all__ = [
     "apply_schema_change_job",
+    "build_freshness_job",
+    "build_freshness_schedule",
     "build_merge_schedules",
     "build_snapshot_schedules",
     "cdc_merge_job",

@@ -1,0 +1,159 @@
+"""Freshness as it is now, not as the last run saw it: how many events of a table wait in its topic
+beyond the offsets committed in Delta, since when, and whether the connector still sends heartbeats.
+
+- A table whose topic has events waiting for longer than its bound is stale: the pipeline stalled
+  (no run, or runs that fail), whatever the last materialization recorded.
+- A table with nothing waiting is in step with its topic. Whether the topic is in step with the
+  source is the connector's heartbeat topic's to tell (``__debezium-heartbeat.<topic.prefix>``, when
+  the connector has ``heartbeat.interval.ms`` > 0): a recent heartbeat means the source is quiet, an
+  old one that the connector stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+
+from cdc_assets.io.kafka_source import SourceError
+
+HEARTBEAT_TOPIC_PREFIX = "__debezium-heartbeat."
+
+
+@dataclass(frozen=True)
+class TableFreshness:
+    """A table's topic against the offsets its Delta table has applied, at ``checked_at``."""
+
+    topic: str
+    events_waiting: int
+    waiting_since: datetime | None  # Kafka time of the oldest record not yet applied
+    newest_source_time: datetime | None  # ``source.ts_ms`` of the newest record not yet applied
+    checked_at: datetime
+
+    @property
+    def behind_s(self) -> float:
+        """How long the oldest waiting event has waited (0 when nothing waits)."""
+        if self.waiting_since is None:
+            return 0.0
+        return max(0.0, (self.checked_at - self.waiting_since).total_seconds())
+
+
+def _consumer(settings: Mapping[str, object]) -> Consumer:
+    return Consumer({**settings, "enable.auto.commit": False, "enable.partition.eof": False})
+
+
+def _record_at(consumer: Consumer, topic: str, partition: int, offset: int, timeout_s: float) -> Message | None:
+    consumer.assign([TopicPartition(topic, partition, offset)])
+    for _ in range(3):  # an empty answer may come before the fetch does
+        message = consumer.poll(timeout_s)
+        if message is not None and message.error() is None:
+            return message
+    return None
+
+
+def _kafka_time(message: Message | None) -> datetime | None:
+    if message is None:
+        return None
+    _, millis = message.timestamp()
+    return datetime.fromtimestamp(millis / 1000, timezone.utc) if millis and millis > 0 else None
+
+
+def _source_time(message: Message | None) -> datetime | None:
+    """``source.ts_ms`` of a change event (wrapped or not); None for a tombstone or an unreadable value."""
+    if message is None or message.value() is None:
+        return None
+    try:
+        body = json.loads(message.value())
+        payload = body.get("payload", body) if isinstance(body, dict) else None
+        millis = payload["source"]["ts_ms"] if isinstance(payload, dict) else None
+        return datetime.fromtimestamp(int(millis) / 1000, timezone.utc) if millis is not None else None
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _partitions(consumer: Consumer, topic: str, timeout_s: float) -> list[int]:
+    metadata = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        reason = metadata.error if metadata is not None else "not in metadata"
+        raise SourceError(f"topic '{topic}' does not exist ({reason})")
+    return sorted(metadata.partitions)
+
+
+def table_freshness(settings: Mapping[str, object], topic: str, applied: Mapping[int, int] | None,
+                    timeout_s: float = 10.0) -> TableFreshness:
+    """How far ``topic`` is ahead of the ``applied`` offsets (next offset per partition, as a table's
+    latest batch commit records them; None: nothing applied yet, so the whole retained topic waits)."""
+    consumer = _consumer(settings)
+    try:
+        waiting, oldest, newest = 0, None, None
+        for partition in _partitions(consumer, topic, timeout_s):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+            start = max(low, (applied or {}).get(partition, low))
+            if start >= high:
+                continue
+            waiting += high - start
+            first = _kafka_time(_record_at(consumer, topic, partition, start, timeout_s))
+            last = _source_time(_record_at(consumer, topic, partition, high - 1, timeout_s))
+            oldest = first if oldest is None or (first is not None and first < oldest) else oldest
+            newest = last if newest is None or (last is not None and last > newest) else newest
+        return TableFreshness(topic, waiting, oldest, newest, datetime.now(timezone.utc))
+    except KafkaException as exc:
+        raise SourceError(f"cannot read the watermarks of '{topic}': {exc}") from exc
+    finally:
+        consumer.close()
+
+
+def last_heartbeat(settings: Mapping[str, object], topic_prefix: str, timeout_s: float = 10.0) -> datetime | None:
+    """When the connector's newest heartbeat reached Kafka (None: it has sent none)."""
+    topic = HEARTBEAT_TOPIC_PREFIX + topic_prefix
+    consumer = _consumer(settings)
+    try:
+        try:
+            partitions = _partitions(consumer, topic, timeout_s)
+        except SourceError:
+            return None
+        times = []
+        for partition in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+            if high > low:
+                times.append(_kafka_time(_record_at(consumer, topic, partition, high - 1, timeout_s)))
+        return max((t for t in times if t is not None), default=None)
+    except KafkaException as exc:
+        raise SourceError(f"cannot read the heartbeat topic '{topic}': {exc}") from exc
+    finally:
+        consumer.close()
+
+
+@dataclass(frozen=True)
+class FreshnessVerdict:
+    """Whether a table is fresh now, and why not."""
+
+    passed: bool
+    reason: str
+
+
+def freshness_verdict(freshness: TableFreshness, max_behind_s: float, heartbeat_at: datetime | None = None,
+                      max_heartbeat_age_s: float | None = None) -> FreshnessVerdict:
+    """Stale when an event has waited in the topic longer than ``max_behind_s`` (the pipeline is
+    stalled); else, for a connector that sends heartbeats (``max_heartbeat_age_s``), stale when its
+    newest heartbeat is older than that (the connector stopped); else fresh (a quiet source)."""
+    if freshness.behind_s > max_behind_s:
+        return FreshnessVerdict(False, f"{freshness.events_waiting} events of {freshness.topic} wait to be applied, "
+                                       f"the oldest for {freshness.behind_s:.0f}s (bound {max_behind_s:.0f}s): "
+                                       "the pipeline is stalled")
+    if max_heartbeat_age_s is not None:
+        if heartbeat_at is None:
+            return FreshnessVerdict(False, "the connector has sent no heartbeat: is it running, with "
+                                           "heartbeat.interval.ms > 0?")
+        age = (freshness.checked_at - heartbeat_at).total_seconds()
+        if age > max_heartbeat_age_s:
+            return FreshnessVerdict(False, f"the connector's newest heartbeat is {age:.0f}s old (bound "
+                                           f"{max_heartbeat_age_s:.0f}s): the connector has stopped")
+    if freshness.events_waiting:
+        return FreshnessVerdict(True, f"{freshness.events_waiting} events wait, the oldest for "
+                                      f"{freshness.behind_s:.0f}s")
+    quiet = "the connector is alive, the source is quiet" if max_heartbeat_age_s is not None else "caught up"
+    return FreshnessVerdict(True, f"nothing waits: {quiet}")

@@ -1,0 +1,39 @@
+"""The freshness checks on their own schedule: they look at the topics and the Delta logs as they
+are now, so a pipeline that stopped running fails them even though no run records anything."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from dagster import (
+    AssetCheckKey,
+    AssetSelection,
+    DefaultScheduleStatus,
+    ScheduleDefinition,
+    define_asset_job,
+    in_process_executor,
+)
+
+from cdc_assets.config import PipelineConfig
+
+if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export its name
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
+FRESHNESS_JOB = "cdc_freshness_job"
+
+
+def build_freshness_job(check_keys: Sequence[AssetCheckKey]) -> UnresolvedAssetJobDefinition:
+    """The job that runs only the freshness checks (no materialization)."""
+    return define_asset_job(FRESHNESS_JOB, selection=AssetSelection.checks(*check_keys),
+                            executor_def=in_process_executor,
+                            description="Check every table's freshness now: events waiting in its topic, and "
+                                        "the connector's heartbeats.")
+
+
+def build_freshness_schedule(config: PipelineConfig, job: UnresolvedAssetJobDefinition) -> ScheduleDefinition:
+    """The freshness checks' schedule (``freshness_schedule``: every 5 minutes, running, by default)."""
+    schedule = config.freshness_schedule
+    return ScheduleDefinition(
+        name="cdc_freshness_schedule", job=job, cron_schedule=schedule.cron, execution_timezone=schedule.timezone,
+        default_status=DefaultScheduleStatus.RUNNING if schedule.running else DefaultScheduleStatus.STOPPED)

@@ -1,0 +1,95 @@
+"""Freshness now, on real parts: a stalled pipeline (events waiting past the bound) fails, a quiet
+source whose connector sends heartbeats passes, a connector whose heartbeats stopped fails; the
+checks run on their own schedule's job, and a sensor observes the events waiting."""
+
+import time
+import uuid
+
+from confluent_kafka import Producer
+from dagster import AssetKey, DagsterInstance, build_sensor_context
+from deltalake import DeltaTable
+
+from cdc_assets.config import parse_config
+from cdc_assets.definitions import build_definitions
+from cdc_assets.demo.events import encode_key, envelope, postgres_source
+from tests.conftest import produce
+from tests.test_transactions import new_topic_named
+
+CONFIG = """\
+kafka: {{bootstrap_servers: "{bootstrap}"}}
+delta: {{root: "{root}", writer: delta-rs}}
+freshness_schedule: {{cron: "* * * * *"}}
+connectors:
+  - name: shop
+    kind: postgresql
+    topic.prefix: {prefix}
+    max_heartbeat_age_s: 60
+    tables: [{{name: s.orders, max_capture_lag_s: 2}}]
+"""
+
+
+def change(key, lsn):
+    source = postgres_source(lsn, int(time.time() * 1000), "s", "orders")
+    return encode_key({"id": key}), envelope("c", None, {"id": key, "v": lsn}, source, lsn)
+
+
+def heartbeat(broker, prefix, age_s=0.0):
+    """A heartbeat as the connector sends it, stamped ``age_s`` seconds ago."""
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer.produce(f"__debezium-heartbeat.{prefix}", key=encode_key({"serverName": prefix}),
+                     value=b'{"ts_ms": 0}', timestamp=int((time.time() - age_s) * 1000))
+    assert producer.flush(30) == 0
+
+
+def freshness(defs, instance):
+    """Run the freshness job as its schedule would, and return the check's evaluation."""
+    result = defs.resolve_job_def("cdc_freshness_job").execute_in_process(instance=instance)
+    assert result.success
+    assert result.get_asset_materialization_events() == []  # checks only: nothing is merged
+    [evaluation] = result.get_asset_check_evaluations()
+    return evaluation
+
+
+def test_stalled_pipeline_fails_quiet_source_with_heartbeats_passes_dead_connector_fails(spark, broker, tmp_path):
+    prefix = f"fresh{uuid.uuid4().hex[:8]}"
+    topic = new_topic_named(broker, f"{prefix}.s.orders", partitions=2)
+    new_topic_named(broker, f"__debezium-heartbeat.{prefix}")
+    defs = build_definitions(parse_config(CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path,
+                                                        prefix=prefix)))
+    key = AssetKey([prefix, "s", "orders"])
+    assert defs.resolve_schedule_def("cdc_freshness_schedule").job_name == "cdc_freshness_job"
+    with DagsterInstance.ephemeral() as instance:
+        # Stalled: events reach the broker, no merge runs for longer than the bound.
+        produce(broker, topic, [change(k, 10 + k) for k in range(5)])
+        heartbeat(broker, prefix)
+        time.sleep(3)
+        stalled = freshness(defs, instance)
+        assert not stalled.passed and "the pipeline is stalled" in stalled.description
+        assert stalled.metadata["events_waiting"].value == 5 and stalled.metadata["behind_s"].value > 2
+
+        # The sensor observes the backlog between merges.
+        sensor = defs.resolve_sensor_def("events_waiting_sensor")
+        [observation] = sensor.evaluate_tick(build_sensor_context(instance=instance, definitions=defs)).asset_events
+        assert observation.asset_key == key and observation.metadata["events_waiting"].value == 5
+
+        # Merged, then quiet: nothing waits and the connector's heartbeat is recent.
+        assert defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance).success
+        assert DeltaTable(str(tmp_path / prefix / "s" / "orders")).count() == 5
+        time.sleep(3)  # longer than the bound: a quiet source is not a stale table
+        heartbeat(broker, prefix)
+        quiet = freshness(defs, instance)
+        assert quiet.passed and "the source is quiet" in quiet.description
+        assert quiet.metadata["events_waiting"].value == 0 and quiet.metadata["heartbeat_age_s"].value < 60
+        assert defs.resolve_assets_def(key).specs_by_key[key].freshness_policy is not None
+
+    # Quiet, but the connector's newest heartbeat is ten minutes old: it stopped.
+    with DagsterInstance.ephemeral() as instance:
+        dead_prefix = f"dead{uuid.uuid4().hex[:8]}"
+        new_topic_named(broker, f"{dead_prefix}.s.orders")
+        new_topic_named(broker, f"__debezium-heartbeat.{dead_prefix}")
+        heartbeat(broker, dead_prefix, age_s=600)
+        dead_defs = build_definitions(parse_config(CONFIG.format(bootstrap=broker.bootstrap_servers,
+                                                                 root=tmp_path / "dead", prefix=dead_prefix)))
+        dead = freshness(dead_defs, instance)
+        assert not dead.passed and "the connector has stopped" in dead.description
+        assert dead.metadata["heartbeat_age_s"].value >= 600
