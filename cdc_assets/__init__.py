@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from cdc_assets.catalog import CapturedTable
     from cdc_assets.definitions import build_definitions
+    from cdc_assets.io.row_history import RowChange, row_history
     from cdc_assets.translator import CdcTranslator
 
-__all__ = ["CapturedTable", "CdcTranslator", "build_definitions"]
+__all__ = ["CapturedTable", "CdcTranslator", "RowChange", "build_definitions", "row_history"]
 
 _HOMES = {"CapturedTable": "cdc_assets.catalog", "CdcTranslator": "cdc_assets.translator",
-          "build_definitions": "cdc_assets.definitions"}
+          "build_definitions": "cdc_assets.definitions", "RowChange": "cdc_assets.io.row_history",
+          "row_history": "cdc_assets.io.row_history"}
 
 
 def __getattr__(name: str) -> Any:

@@ -113,11 +113,11 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
     defs = build_definitions(parse_config(prefix_config.format(bootstrap=broker.bootstrap_servers, root=tmp_path)))
     products = AssetKey(["checks1", "inventory", "products"])
     assert {k.name for k in defs.resolve_asset_graph().get(products).check_keys} == {
-        "unique_keys", "no_null_keys", "capture_lag", "no_dead_letters", "schema_matches_source"}
+        "unique_keys", "no_null_keys", "freshness", "capture_lag", "no_dead_letters", "schema_matches_source"}
     with DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
         evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
-        assert len(evaluations) == 15
+        assert len(evaluations) == 18
         assert evaluations[("products", "unique_keys")].passed
         assert evaluations[("products", "unique_keys")].metadata["rows"].value == 10
         # The sample's changes were made in 2023: far beyond the default one-hour bound.
