@@ -15,14 +15,20 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from cdc_assets.api import TableSpec, apply_pending
     from cdc_assets.catalog import CapturedTable
+    from cdc_assets.config import BatchLimits
     from cdc_assets.definitions import build_definitions
     from cdc_assets.io.row_history import RowChange, row_history
+    from cdc_assets.pipeline import BadEventError, BatchReport
     from cdc_assets.translator import CdcTranslator
 
-__all__ = ["CapturedTable", "CdcTranslator", "RowChange", "build_definitions", "row_history"]
+__all__ = ["BadEventError", "BatchLimits", "BatchReport", "CapturedTable", "CdcTranslator", "RowChange", "TableSpec",
+           "apply_pending", "build_definitions", "row_history"]
 
-_HOMES = {"CapturedTable": "cdc_assets.catalog", "CdcTranslator": "cdc_assets.translator",
+_HOMES = {"TableSpec": "cdc_assets.api", "apply_pending": "cdc_assets.api", "BatchLimits": "cdc_assets.config",
+          "BatchReport": "cdc_assets.pipeline", "BadEventError": "cdc_assets.pipeline",
+          "CapturedTable": "cdc_assets.catalog", "CdcTranslator": "cdc_assets.translator",
           "build_definitions": "cdc_assets.definitions", "RowChange": "cdc_assets.io.row_history",
           "row_history": "cdc_assets.io.row_history"}
 

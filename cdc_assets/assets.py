@@ -18,11 +18,12 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 from pyspark.sql.types import StructType
 
+from cdc_assets.api import apply_pending
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
 from cdc_assets.io.transactions import update_watermark
-from cdc_assets.pipeline import BatchReport, merge_micro_batches
+from cdc_assets.pipeline import BatchReport
 from cdc_assets.resources import DeltaResource, KafkaResource
 from cdc_assets.translator import CdcTranslator, dagster_name
 
@@ -144,12 +145,11 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits, peers: Mapping[st
         overrides = {"max_records": config.max_records_per_batch, "max_batches_per_run": config.max_batches_per_run}
         batch_limits = limits.model_copy(update={k: v for k, v in overrides.items() if v})
         writer = delta.writer_for(session)
-        reports: list[BatchReport] = []
         # Until caught up, or nothing could be applied (a transaction waits): the next run goes on.
-        for report in merge_micro_batches(session, kafka.source(), writer, table, batch_limits):
-            reports.append(report)
-            context.log.info(f"{table.topic}: batch {len(reports)}, {report.events_read} events read, "
-                             f"offsets {report.offsets_json()}")
+        reports = apply_pending(table, kafka=kafka.source(), spark=session, writer=writer, limits=batch_limits,
+                                on_batch=lambda report: context.log.info(
+                                    f"{table.topic}: {report.events_read} events read, offsets "
+                                    f"{report.offsets_json()}"))
         applied = [r for r in reports if r.outcome is not None]
         if applied:
             kafka.source().commit_group_offsets(table.topic, applied[-1].raw.end_offsets)
