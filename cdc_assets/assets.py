@@ -3,6 +3,7 @@ micro-batches."""
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
 from dagster import (
     AssetExecutionContext,
@@ -39,7 +40,7 @@ class MergeConfig(Config):
                                             description="override the pipeline's micro-batches per run")
 
 
-def report_metadata(reports: Sequence[BatchReport]) -> dict[str, object]:
+def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
     """Materialization metadata for a run's batches of one table: counts summed over the batches,
     offsets from the first batch's start to the last one's end, state as of the last batch; numbers
     as numbers, so the UI plots them."""
@@ -50,7 +51,7 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, object]:
     for report in reports:
         for stage, seconds in report.timings.items():
             stages[stage] = stages.get(stage, 0.0) + seconds
-    metadata: dict[str, object] = {
+    metadata: dict[str, Any] = {
         "batches": len(reports),
         "events_read": sum(r.events_read for r in reports),
         "tombstones_skipped": sum(r.tombstones for r in reports),
@@ -79,10 +80,10 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, object]:
     if latest_applied is not None and latest_applied.capture_lag_p50_s is not None:
         metadata["capture_lag_p50_s"] = round(latest_applied.capture_lag_p50_s, 3)
     if last.transactions is not None:
-        metadata["transactions_applied"] = sum(int(r.transactions["applied"])  # type: ignore[call-overload]
+        metadata["transactions_applied"] = sum(int(str(r.transactions["applied"]))
                                                for r in reports if r.transactions is not None)
-        metadata["transactions_waiting"] = MetadataValue.json(last.transactions["waiting"])
-        metadata["transactions_incomplete"] = MetadataValue.json(last.transactions["incomplete"])
+        for name in ("waiting", "incomplete"):
+            metadata[f"transactions_{name}"] = MetadataValue.json(cast(Mapping[str, Any], last.transactions[name]))
     if "total_s" in stages:
         metadata["batch_seconds"] = round(stages["total_s"], 3)
     if outcomes:

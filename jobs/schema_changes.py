@@ -15,6 +15,7 @@ source position.
 """
 
 import json
+from typing import Any
 
 import pyarrow as pa
 from dagster import AssetKey, AssetMaterialization, Config, MetadataValue, OpExecutionContext, job, op
@@ -63,7 +64,7 @@ def apply_schema_change(context: OpExecutionContext, config: SchemaChangeConfig,
     target = DeltaTarget(config.delta_path, dict(delta.storage_options))
     announced = T.StructType.fromJson(json.loads(config.columns))
     before = writer.table_schema(target)
-    metadata: dict[str, object] = {
+    metadata: dict[str, Any] = {
         "change": config.change, "source_position": config.source_position,
         "schema_topic_offset": f"{config.topic}[{config.partition}]@{config.offset}",
         "old_schema": _schema_text(before),
