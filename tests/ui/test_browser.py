@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cdc_assets.demo.broker import LocalBroker, free_port
+from cdc_assets.demo.broker import ApacheKafkaBroker, free_port
 from cdc_assets.demo.sample import publish_sample
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def dagster_dev(tmp_path):
     """`dagster dev` against the demo config, a fresh local broker with the sample, Delta under tmp_path."""
     if not Path(CHROMIUM).exists():
         pytest.skip("Chromium is not installed (scripts/setup installs Debian's chromium)")
-    with LocalBroker() as broker:
+    with ApacheKafkaBroker() as broker:
         publish_sample(broker.bootstrap_servers)
         home = tmp_path / "dagster_home"
         home.mkdir()
@@ -90,21 +90,24 @@ def test_materialize_all_from_the_ui_and_read_the_metadata(dagster_dev):
             page.screenshot(path=str(ARTIFACTS / "asset_graph.png"))
             for group in ("inventory", "sales"):
                 assert page.get_by_text(group, exact=True).first.is_visible()
-            materialize_all.click()
-            page.wait_for_timeout(2000)
+            # Wait for the launch request's answer: leaving the page before it arrives would cancel the launch.
+            def launch(response):
+                return "graphql" in response.url and "LaunchPipelineExecution" in (response.request.post_data or "")
 
-            page.goto(dagster_dev + "/runs")
+            with page.expect_response(launch, timeout=120_000):
+                materialize_all.click()
+
+            # Other runs may be listed too (the freshness schedule runs every 5 minutes): wait for this one's result.
+            page.goto(dagster_dev + "/assets/dbserver1/inventory/products")
             deadline = time.monotonic() + 300
-            status = ""
-            while time.monotonic() < deadline:
-                page.wait_for_timeout(3000)  # let the (re)loaded page render before reading it
-                body = page.locator("body").inner_text()
-                if "Failure" in body or "Success" in body:
-                    status = "Failure" if "Failure" in body else "Success"
-                    break
+            while "rows_inserted" not in page.locator("body").inner_text() and time.monotonic() < deadline:
+                page.wait_for_timeout(3000)
                 page.reload()
+            page.goto(dagster_dev + "/runs")
+            page.wait_for_timeout(3000)
             page.screenshot(path=str(ARTIFACTS / "runs.png"))
-            assert status == "Success", f"the run launched from the UI ended as {status or 'not finished'}"
+            runs = page.locator("body").inner_text()
+            assert "Failure" not in runs, f"a run launched from the UI failed: {runs[:2000]}"
 
             page.goto(dagster_dev + "/assets/dbserver1/inventory/products")
             page.get_by_text("rows_inserted").first.wait_for(timeout=60_000)
@@ -115,6 +118,27 @@ def test_materialize_all_from_the_ui_and_read_the_metadata(dagster_dev):
             assert int(metadata_value(body, "rows_inserted")) == 10
             assert int(metadata_value(body, "delta_version")) >= 1
             assert "inventory.products captured by postgresql connector" in body
+
+            # The live freshness check, run by its own job (as its schedule does), on the asset's checks tab.
+            location = f"{dagster_dev}/locations/__repository__@cdc_assets.definitions/jobs"
+            page.goto(f"{location}/cdc_freshness_job/playground")
+            launch = page.get_by_role("button", name="Launch Run")
+            launch.wait_for(timeout=60_000)
+            launch.click()
+            page.wait_for_timeout(5000)
+            page.goto(dagster_dev + "/assets/dbserver1/inventory/products?view=checks")
+            page.get_by_text("freshness", exact=True).first.click()
+            page.get_by_text("events_waiting").first.wait_for(timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "freshness_check.png"), full_page=True)
+            shown = page.locator("body").inner_text()
+            assert "Live, on its own schedule" in shown and "events_waiting" in shown
+
+            # The signal jobs' launchpads: typed config for each Debezium signal.
+            for job in ("incremental_snapshot_job", "pause_snapshot_job"):
+                page.goto(f"{location}/{job}/playground")
+                page.get_by_role("button", name="Launch Run").wait_for(timeout=60_000)
+                page.get_by_text("send_", exact=False).first.wait_for(timeout=60_000)
+                page.screenshot(path=str(ARTIFACTS / f"{job}_launchpad.png"))
         finally:
             page.screenshot(path=str(ARTIFACTS / "last_page.png"))
             browser.close()
