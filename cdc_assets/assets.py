@@ -22,7 +22,7 @@ from pyspark.sql.types import StructType
 from cdc_assets.api import apply_pending
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
-from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
+from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.pipeline import BatchReport
 from cdc_assets.resources import DeltaResource, KafkaResource
@@ -107,14 +107,6 @@ def column_schema(schema: StructType | None) -> TableSchema | None:
                                 for field in schema.fields])
 
 
-def _current_schema(table: CapturedTable) -> StructType | None:
-    """The Delta table's schema, read from its log (no Spark), or None if there is no table yet."""
-    try:
-        return DeltaRsWriter().table_schema(table.target)
-    except Exception:  # unreachable storage must not keep the code location from loading
-        return None
-
-
 def build_cdc_asset(table: CapturedTable, limits: BatchLimits, peers: Mapping[str, DeltaTarget] | None = None,
                     translator: CdcTranslator | None = None) -> AssetsDefinition:
     """The asset of one captured table: its materialization MERGEs the table's new change events into
@@ -123,10 +115,9 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits, peers: Mapping[st
     ``peers``: the transaction-consistent tables of the same connector (for the watermark);
     ``translator``: how the table appears in Dagster (default ``CdcTranslator()``)."""
     translator = translator or CdcTranslator()
+    # No read of the table's storage here: the code location loads in every run worker, and the column
+    # schema reaches the UI with each materialization.
     static_metadata = translator.get_metadata(table)
-    schema = column_schema(_current_schema(table))
-    if schema is not None:
-        static_metadata["dagster/column_schema"] = schema
 
     @asset(
         key=translator.get_asset_key(table),
