@@ -65,11 +65,12 @@ def produce(bootstrap: str, events: int, keys: int, partitions: int, seed: int) 
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from cdc_assets.demo.broker import PRODUCER_SETTINGS
     from cdc_assets.demo.events import encode_key, envelope, postgres_source
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(TOPIC, num_partitions=partitions, replication_factor=1)])[TOPIC].result()
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": bootstrap, "linger.ms": 20})
     rng, state, records = random.Random(seed), {}, 0
     for i in range(events):
         key = rng.randrange(keys)
@@ -147,7 +148,7 @@ def main() -> int:
         worker(args)
         return 0
 
-    from cdc_assets.demo.broker import LocalBroker
+    from cdc_assets.demo.broker import ApacheKafkaBroker
     from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, stop_all
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="cdc-crash-"))
@@ -156,7 +157,7 @@ def main() -> int:
     own_server = SERVER_DIR_ENV_VAR not in os.environ  # else a caller's (the tests') server is shared
     if own_server:
         os.environ[SERVER_DIR_ENV_VAR] = str(work / "spark-servers")
-    with LocalBroker(work / "broker") as broker, contextlib.ExitStack() as cleanup:
+    with ApacheKafkaBroker(work / "broker") as broker, contextlib.ExitStack() as cleanup:
         if own_server:
             cleanup.callback(stop_all)
         args.bootstrap = broker.bootstrap_servers

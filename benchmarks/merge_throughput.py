@@ -48,7 +48,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from benchmarks.measure import PeakRss
-from cdc_assets.demo.broker import LocalBroker
+from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker
 from cdc_assets.io.spark import spark_config
 from cdc_assets.io.spark_server import (
     SERVER_DIR_ENV_VAR,
@@ -103,8 +103,8 @@ def checksum(rows: list[dict]) -> str:
 def produce(bootstrap: str, records: list[tuple[bytes, bytes | None]], partitions: int) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(TOPIC, num_partitions=partitions, replication_factor=1)])[TOPIC].result()
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10000,
-                         "queue.buffering.max.messages": 1_000_000})
+    producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": bootstrap, "linger.ms": 50,
+                         "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
     for i, (key, value) in enumerate(records):
         while True:
             try:
@@ -120,7 +120,7 @@ def produce(bootstrap: str, records: list[tuple[bytes, bytes | None]], partition
 def consume_only(bootstrap: str) -> dict[str, float]:
     """The broker/client ceiling: read every record of the topic with confluent-kafka, no parsing."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-consume-only",
-                         "enable.auto.commit": False, "receive.message.max.bytes": 1_000_000_000})
+                         "enable.auto.commit": False})
     partitions = consumer.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
     total = sum(consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in partitions)
     consumer.assign([TopicPartition(TOPIC, p, 0) for p in partitions])
@@ -237,7 +237,7 @@ def child(variant: str, bootstrap: str, batch: int, work: Path) -> None:
 
 def wait_until_idle(pid: int, below: float = 0.05, timeout_s: float = 120.0) -> None:
     """Wait until the broker's CPU use over a second (its child processes too) drops below ``below``
-    (it indexes after writes)."""
+    (it flushes and cleans up after writes)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         before = _cpu(pid)
@@ -272,7 +272,7 @@ def main() -> None:
     print(f"W1: {events:,} events + {len(records) - events:,} tombstones over {args.keys:,} keys, "
           f"{args.partitions} partitions, batches of {args.batch:,}; {args.runs} fresh process(es) per variant")
     results: dict[str, list[dict]] = {}
-    with tempfile.TemporaryDirectory(prefix="cdc-bench-") as work, LocalBroker(Path(work) / "broker") as broker:
+    with tempfile.TemporaryDirectory(prefix="cdc-bench-") as work, ApacheKafkaBroker(Path(work) / "broker") as broker:
         os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")  # the benchmark's own, started cold
         produce(broker.bootstrap_servers, records, args.partitions)
         del records
@@ -289,7 +289,7 @@ def main() -> None:
     report(results, events)
 
 
-def run_child(variant: str, label: str, batch: int, broker: LocalBroker, run_dir: Path,
+def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, run_dir: Path,
               oracle: tuple[int, str]) -> dict:
     """One run of ``variant`` in a fresh process, checked against the oracle; its result, with the
     CPU seconds of the run, the local Spark server and the broker, and the server's peak RSS."""

@@ -110,7 +110,7 @@ class _TopicReader:
 
     def __init__(self, bootstrap: str, topic: str):
         self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "cdc-reference",
-                                   "enable.auto.commit": False, "receive.message.max.bytes": 1_000_000_000})
+                                   "enable.auto.commit": False})
         partitions = self._consumer.list_topics(topic, timeout=10).topics[topic].partitions
         self._high = {p: self._consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
                       for p in partitions}

@@ -37,7 +37,7 @@ from benchmarks.measure import PeakRss
 from cdc_assets.catalog import resolve_tables
 from cdc_assets.config import load_config
 from cdc_assets.definitions import build_definitions
-from cdc_assets.demo.broker import LocalBroker
+from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.delta import DeltaRsWriter
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
@@ -53,7 +53,7 @@ class RateProducer(threading.Thread):
         self.rate, self.seconds, self.keys = rate, seconds, keys
         self.produced_at: dict[tuple[int, int], float] = {}
         self.count = 0
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        self._producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": bootstrap, "linger.ms": 5})
 
     def run(self) -> None:
         started = time.time()
@@ -106,7 +106,7 @@ def main() -> None:
                         help="fresh: each run a new process (dagster job execute); same: execute_in_process here")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory(prefix="cdc-soak-") as work, LocalBroker(Path(work) / "broker") as broker:
+    with tempfile.TemporaryDirectory(prefix="cdc-soak-") as work, ApacheKafkaBroker(Path(work) / "broker") as broker:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
         admin.create_topics([NewTopic(TOPIC, num_partitions=args.partitions, replication_factor=1)])[TOPIC].result()
         config_path = Path(work) / "pipeline.yaml"

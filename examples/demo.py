@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 
 from cdc_assets.catalog import resolve_tables
 from cdc_assets.config import load_config
-from cdc_assets.demo.broker import LocalBroker
+from cdc_assets.demo.broker import ApacheKafkaBroker
 from cdc_assets.demo.sample import publish_sample
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ STATE = ROOT / ".cdc-demo"
 def main() -> int:
     shutil.rmtree(STATE, ignore_errors=True)
     (STATE / "dagster_home").mkdir(parents=True)
-    with LocalBroker(STATE / "broker") as broker:
+    with ApacheKafkaBroker(STATE / "broker") as broker:
         published = publish_sample(broker.bootstrap_servers)
         print(f"local broker on {broker.bootstrap_servers}; published {published}")
         env = {**os.environ, "CDC_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,

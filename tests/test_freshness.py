@@ -11,6 +11,7 @@ from deltalake import DeltaTable
 
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
+from cdc_assets.demo.broker import PRODUCER_SETTINGS
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from tests.conftest import produce
 from tests.test_transactions import new_topic_named
@@ -35,7 +36,7 @@ def change(key, lsn):
 
 def heartbeat(broker, prefix, age_s=0.0):
     """A heartbeat as the connector sends it, stamped ``age_s`` seconds ago."""
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": broker.bootstrap_servers})
     producer.produce(f"__debezium-heartbeat.{prefix}", key=encode_key({"serverName": prefix}),
                      value=b'{"ts_ms": 0}', timestamp=int((time.time() - age_s) * 1000))
     assert producer.flush(30) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from cdc_assets.demo.broker import PRODUCER_SETTINGS
 from cdc_assets.demo.events import Record, encode_key, envelope, lsn, postgres_source, sqlserver_source
 
 _T0 = 1_700_000_000_000
@@ -92,7 +93,7 @@ def publish_sample(bootstrap_servers: str) -> dict[str, int]:
                                    for topic, (partitions, _) in SAMPLE_TOPICS.items()])
     for future in futures.values():
         future.result()
-    producer = Producer({"bootstrap.servers": bootstrap_servers})
+    producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": bootstrap_servers})
     for topic, (_, records) in SAMPLE_TOPICS.items():
         for key, value in records:
             producer.produce(topic, key=key, value=value)

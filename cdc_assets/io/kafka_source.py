@@ -4,11 +4,10 @@ The consumer is assigned partitions at given offsets and never auto-commits: the
 are the ones committed with the data into Delta. A batch ends at the high watermarks seen when it
 starts, or earlier at the record/byte bounds, so a run never chases a moving end.
 
-Partitions are read in turn: only the partition whose turn it is is assigned and fetches (with the
-next one, near the turn's end). What the client holds fetched is then one partition's share, even
-from a broker that answers a fetch with each partition's whole backlog (the local broker ignores
-fetch size limits). A turn ends when its partition reaches the high watermark seen when the turn
-began, so a partition that keeps receiving records cannot keep the others waiting.
+A batch's partitions fetch together. The broker bounds what one fetch brings of each partition
+(``max.partition.fetch.bytes``), so their records come interleaved, and each partition's part of a
+batch ends at the high watermark seen when the batch began: a partition that keeps receiving records
+cannot keep the others waiting.
 """
 
 from __future__ import annotations
@@ -29,13 +28,11 @@ RAW_SCHEMA = pa.schema(
 # Messages per consume call: the call holds the GIL while it makes them, and a batch read ahead must
 # not keep the thread applying the current batch waiting (W1: 10,000 took 15% longer end to end).
 _CONSUME_CHUNK = 2_000
-# The local broker may answer with a whole backlog at once: accept large responses, bound batches here.
+# The offsets that count are committed with the data: the consumer never commits or stores any itself.
 _CONSUMER_DEFAULTS = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     "auto.offset.reset": "earliest",
-    "receive.message.max.bytes": 1_000_000_000,
-    "fetch.max.bytes": 52_428_800,
     "partition.assignment.strategy": "range",
 }
 
@@ -76,11 +73,13 @@ class KafkaSource:
         exponential backoff from ``backoff_s``, before the batch fails naming broker and topic."""
         self._settings = {**_CONSUMER_DEFAULTS, **settings}
         self._consumer: Consumer | None = None
+        # Metadata and watermarks go through a client of their own: a broker serves one request of a
+        # connection at a time, so behind the fetching consumer's long poll at a partition's end
+        # (``fetch.wait.max.ms``) each of them would wait for it.
+        self._lookup: Consumer | None = None
         self._retries, self._backoff_s = retries, backoff_s
         # The partitions assigned (fetching), each with the offset it was assigned at.
         self._assigned_at: dict[int, int] = {}
-        # The partition being read in turn: (topic, partition, offset its turn ends at; -1: over).
-        self._turn: tuple[str, int, int] | None = None
         self._reader: ThreadPoolExecutor | None = None
         # The batch being read ahead: what was asked for (topic, start offsets, limits) and its read.
         self._ahead: tuple[tuple, Future[RawBatch]] | None = None
@@ -107,11 +106,17 @@ class KafkaSource:
             self._consumer = Consumer(dict(self._settings))
         return self._consumer
 
+    def _metadata(self) -> Consumer:
+        """The client for metadata and watermark requests (it never fetches)."""
+        if self._lookup is None:
+            self._lookup = Consumer(dict(self._settings))
+        return self._lookup
+
     def topics(self, timeout_s: float = 10.0) -> list[str]:
         """Names of the broker's topics."""
         self._settle()
         try:
-            return sorted(self._client().list_topics(timeout=timeout_s).topics)
+            return sorted(self._metadata().list_topics(timeout=timeout_s).topics)
         except KafkaException as exc:
             raise SourceError(f"cannot list topics on Kafka at {self.bootstrap_servers}: {exc}") from exc
 
@@ -122,7 +127,7 @@ class KafkaSource:
 
     def _partitions(self, topic: str, timeout_s: float = 5.0) -> list[int]:
         def fetch() -> list[int]:
-            metadata = self._client().list_topics(topic, timeout=timeout_s)
+            metadata = self._metadata().list_topics(topic, timeout=timeout_s)
             topic_metadata = metadata.topics.get(topic)
             if topic_metadata is None or topic_metadata.error is not None or not topic_metadata.partitions:
                 reason = topic_metadata.error if topic_metadata is not None else "not in metadata"
@@ -193,7 +198,8 @@ class KafkaSource:
         high: dict[int, int] = {}
         for partition in partitions:
             low, high[partition] = self._retrying(
-                lambda p=partition: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=poll_timeout_s),
+                lambda p=partition: self._metadata().get_watermark_offsets(TopicPartition(topic, p),
+                                                                           timeout=poll_timeout_s),
                 f"reading watermarks of {topic}[{partition}]")
             committed = (start_offsets or {}).get(partition)
             if committed is not None and committed < low:
@@ -211,12 +217,12 @@ class KafkaSource:
         chunks: list[pa.RecordBatch] = []
         size = 0
         if pending:
-            self._position_at(consumer, topic, start)
+            self._position_at(consumer, topic, start, pending)
             try:
-                size = self._consume(consumer, topic, self._turn_order(topic, pending, start), end, high, chunks,
-                                     max_records, max_bytes, poll_timeout_s)
+                size = self._consume(consumer, topic, pending, end, high, chunks, max_records, max_bytes,
+                                     poll_timeout_s)
             except BaseException:
-                self._unassign(consumer, topic, list(self._assigned_at))
+                self._unassign_all(consumer)
                 raise
         consumed = time.perf_counter()
         records = pa.Table.from_batches(chunks, schema=RAW_SCHEMA)
@@ -231,153 +237,99 @@ class KafkaSource:
             timings={"consume_s": consumed - started, "to_arrow_s": time.perf_counter() - consumed},
         )
 
-    def _position_at(self, consumer: Consumer, topic: str, start: Mapping[int, int]) -> None:
-        """Make the consumer hand out each partition's records from ``start``; a partition is assigned,
-        and fetches, only from its turn (``_fetch_only``).
+    def _position_at(self, consumer: Consumer, topic: str, start: Mapping[int, int], pending: list[int]) -> None:
+        """Make the consumer hand out the ``pending`` partitions' records from ``start``.
 
         What is assigned is kept between batches when it continues exactly where this batch starts:
-        the records librdkafka already fetched are used instead of fetched again (a broker may answer
-        one fetch with the whole backlog). Otherwise nothing stays assigned.
+        the records librdkafka fetched ahead are used instead of fetched again. Otherwise nothing stays
+        assigned. Pending partitions not assigned yet are assigned at their start offsets.
         """
         assigned = consumer.assignment()
-        if not assigned:
-            return
-        # No record handed out yet since the assignment: the position is unknown (negative).
-        continues = all(tp.topic == topic and tp.partition in start
-                        and (tp.offset if tp.offset >= 0 else self._assigned_at.get(tp.partition))
-                        == start[tp.partition] for tp in consumer.position(assigned))
-        if not continues:
-            consumer.incremental_unassign(assigned)
-            self._assigned_at.clear()
-
-    def _unassign(self, consumer: Consumer, topic: str, partitions: list[int]) -> None:
-        """Stop fetching ``partitions`` (what librdkafka fetched of them is dropped, to be fetched again)."""
-        if partitions:
-            consumer.incremental_unassign([TopicPartition(topic, p) for p in partitions])
-            for partition in partitions:
-                del self._assigned_at[partition]
-
-    def _turn_end(self, topic: str, partition: int, high: Mapping[int, int]) -> int:
-        """Where ``partition``'s turn ends (a turn begins here unless this partition's goes on)."""
-        if self._turn is None or self._turn[:2] != (topic, partition) or self._turn[2] < 0:
-            self._turn = (topic, partition, high[partition])
-        return min(high[partition], self._turn[2])
-
-    def _fetch_only(self, consumer: Consumer, topic: str, partitions: list[int], end: Mapping[int, int]) -> None:
-        """Let ``partitions`` fetch, those not assigned yet from ``end``; no other partition is assigned.
-
-        Assigned only at its turn, not assigned and paused: librdkafka fetches a partition as soon as
-        it is assigned, and a pause comes too late for the fetch already sent. From a broker that
-        answers with whole backlogs, a first batch then waited for every partition's (W1: 1.7-2.5 s
-        against 0.8 s for its first 100,000 records).
-        """
-        self._unassign(consumer, topic, [p for p in self._assigned_at if p not in partitions])
-        new = [p for p in partitions if p not in self._assigned_at]
+        if assigned:
+            # No record handed out yet since the assignment: the position is unknown (negative).
+            continues = all(tp.topic == topic and tp.partition in start
+                            and (tp.offset if tp.offset >= 0 else self._assigned_at.get(tp.partition))
+                            == start[tp.partition] for tp in consumer.position(assigned))
+            if not continues:
+                self._unassign_all(consumer)
+        new = [p for p in pending if p not in self._assigned_at]
         if new:
-            consumer.incremental_assign([TopicPartition(topic, p, end[p]) for p in new])
-            self._assigned_at.update({p: end[p] for p in new})
+            consumer.incremental_assign([TopicPartition(topic, p, start[p]) for p in new])
+            self._assigned_at.update({p: start[p] for p in new})
 
-    def _turn_order(self, topic: str, pending: list[int], start: Mapping[int, int]) -> list[int]:
-        """The pending partitions in the order this batch reads them: the one whose turn goes on
-        first (what librdkafka fetched of it is kept), then the next ones round the partitions."""
-        if self._turn is None or self._turn[0] != topic:
-            return pending
-        _, partition, until = self._turn
-        first = partition if start.get(partition, until) < until else partition + 1
-        index = next((i for i, p in enumerate(pending) if p >= first), 0)
-        return pending[index:] + pending[:index]
+    def _unassign_all(self, consumer: Consumer) -> None:
+        """Stop fetching (what librdkafka fetched ahead is dropped, to be fetched again)."""
+        assigned = consumer.assignment()
+        if assigned:
+            consumer.incremental_unassign(assigned)
+        self._assigned_at.clear()
 
-    def _consume(self, consumer: Consumer, topic: str, order: list[int], end: dict[int, int],
+    def _consume(self, consumer: Consumer, topic: str, pending: list[int], end: dict[int, int],
                  high: Mapping[int, int], chunks: list[pa.RecordBatch], max_records: int, max_bytes: int,
                  poll_timeout_s: float) -> int:
-        """Read the partitions of ``order`` in turn, each up to ``high`` (or its turn's end), until the
-        bounds; the records as Arrow chunks of one consume call each. Returns the bytes read.
+        """Read the ``pending`` partitions up to ``high`` until the bounds; the records as Arrow chunks
+        of one consume call each. Returns the bytes read.
 
-        The next partition in turn fetches while this batch reads the end of the current one; its
-        records may come in before its turn and are taken as they come, in order, as far as the room
-        the current turn leaves in the batch. Past that room it is closed for this batch: a partition
-        never has a gap in its run, and never crowds out the partition in turn.
+        A partition's records come in offset order, so a batch stopped at a bound holds a contiguous
+        run of each partition from its start offset.
         """
         size = count = 0
-        until = dict(high)  # where each partition's part of this batch ends
-        room: dict[int, int] = {}  # how many records the next partition may take before its turn
-        closed: set[int] = set()  # partitions with records handed out but not taken: read no further
-        for index, partition in enumerate(order):
-            if count >= max_records or size >= max_bytes or partition in closed:
-                break
-            until[partition] = self._turn_end(topic, partition, high)
-            room.pop(partition, None)
-            left = until[partition] - end[partition]
-            if left < max_records - count and index + 1 < len(order):
-                room[order[index + 1]] = max_records - count - left
-                self._fetch_only(consumer, topic, order[index:index + 2], end)
-            else:
-                self._fetch_only(consumer, topic, [partition], end)
-            last_progress = time.monotonic()
-            while end[partition] < until[partition] and count < max_records and size < max_bytes:
-                # Never ask for more than the partitions still hold up to their ends: consume returns
-                # once it has as many messages as asked, or waits out its whole timeout.
-                wanted = min(_CONSUME_CHUNK, max_records - count, sum(until[p] - end[p] for p in order[index:]))
-                partitions: list[int] = []
-                offsets: list[int] = []
-                keys: list[bytes | None] = []
-                values: list[bytes | None] = []
-                took_all = True
-                for message in consumer.consume(wanted, timeout=1.0):
-                    error = message.error()
-                    if error is not None:
-                        if error.code() == KafkaError._PARTITION_EOF:
-                            continue
-                        raise SourceError(f"{topic}[{message.partition()}]: error while consuming from "
-                                          f"{self.bootstrap_servers}: {error}")
-                    read_from, offset = message.partition(), message.offset()
-                    if read_from not in end or not end[read_from] <= offset < until[read_from]:
-                        continue  # past this batch's end: the next batch finds the position moved and seeks
-                    if room.get(read_from, 1) <= 0:
-                        until[read_from] = end[read_from]  # no room left: closed for this batch
-                        closed.add(read_from)
+        below = list(pending)  # partitions not yet read up to their high watermarks
+        last_progress = time.monotonic()
+        while below and count < max_records and size < max_bytes:
+            # Never ask for more than the partitions still hold up to their ends: consume returns
+            # once it has as many messages as asked, or waits out its whole timeout.
+            wanted = min(_CONSUME_CHUNK, max_records - count, sum(high[p] - end[p] for p in below))
+            partitions: list[int] = []
+            offsets: list[int] = []
+            keys: list[bytes | None] = []
+            values: list[bytes | None] = []
+            took_all = True
+            for message in consumer.consume(wanted, timeout=1.0):
+                error = message.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
                         continue
-                    if read_from in room:
-                        room[read_from] -= 1
-                    key, value = message.key(), message.value()
-                    partitions.append(read_from)
-                    offsets.append(offset)
-                    keys.append(key)
-                    values.append(value)
-                    end[read_from] = offset + 1
-                    size += (len(key) if key else 0) + (len(value) if value else 0)
-                    if count + len(offsets) >= max_records or size >= max_bytes:
-                        took_all = False  # the rest of these messages is dropped, the position past them
-                        break
-                if offsets:
-                    last_progress = time.monotonic()
-                    count += len(offsets)
-                    chunks.append(pa.record_batch([pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64()),
-                                                   pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
-                                                  schema=RAW_SCHEMA))
-                # Transaction markers and compacted-away records occupy offsets no message shows: when
-                # every record handed out was taken, a position at the turn's end means none is left.
-                (position,) = consumer.position([TopicPartition(topic, partition)])
-                if took_all and position.offset >= until[partition]:
-                    end[partition] = max(end[partition], until[partition])
-                if end[partition] < until[partition] and time.monotonic() - last_progress > poll_timeout_s:
-                    raise SourceError(
-                        f"topic '{topic}' on {self.bootstrap_servers}: no records for {poll_timeout_s:.0f}s while "
-                        f"partition {partition} (next offset {end[partition]}) is below {until[partition]} (high "
-                        f"watermark {high[partition]})")
-            if end[partition] >= until[partition]:
-                # The turn is over. A fetch at the end of a partition is a long poll the broker serves
-                # over and over while the batch is applied (the local broker spends a core on it).
-                self._unassign(consumer, topic, [partition])
-                self._turn = (topic, partition, -1)
+                    raise SourceError(f"{topic}[{message.partition()}]: error while consuming from "
+                                      f"{self.bootstrap_servers}: {error}")
+                read_from, offset = message.partition(), message.offset()
+                if read_from not in end or not end[read_from] <= offset < high[read_from]:
+                    continue  # past this batch's end: the next batch finds the position moved and seeks
+                key, value = message.key(), message.value()
+                partitions.append(read_from)
+                offsets.append(offset)
+                keys.append(key)
+                values.append(value)
+                end[read_from] = offset + 1
+                size += (len(key) if key else 0) + (len(value) if value else 0)
+                if count + len(offsets) >= max_records or size >= max_bytes:
+                    took_all = False  # the rest of these messages is dropped, the position past them
+                    break
+            if offsets:
+                last_progress = time.monotonic()
+                count += len(offsets)
+                chunks.append(pa.record_batch([pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64()),
+                                               pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
+                                              schema=RAW_SCHEMA))
+            # Transaction markers and compacted-away records occupy offsets no message shows: when
+            # every record handed out was taken, a position at the high watermark means none is left.
+            if took_all:
+                for position in consumer.position([TopicPartition(topic, p) for p in below]):
+                    if position.offset >= high[position.partition]:
+                        end[position.partition] = max(end[position.partition], high[position.partition])
+            below = [p for p in below if end[p] < high[p]]
+            if below and time.monotonic() - last_progress > poll_timeout_s:
+                partition = below[0]
+                raise SourceError(
+                    f"topic '{topic}' on {self.bootstrap_servers}: no records for {poll_timeout_s:.0f}s while "
+                    f"partition {partition} (next offset {end[partition]}) is below its high watermark "
+                    f"{high[partition]}")
         return size
 
     def commit_group_offsets(self, topic: str, offsets: Mapping[int, int]) -> None:
         """Record applied offsets in the consumer group too, so Kafka tools show the lag.
 
-        Informational only: the offsets that count live in the Delta commit. Called once per run, not
-        per batch: an offset commit is a write the broker persists (the local one spends seconds of
-        CPU on each).
+        Informational only: the offsets that count live in the Delta commit, so once per run is enough.
         """
         self._settle()
         if offsets:
@@ -393,3 +345,6 @@ class KafkaSource:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        if self._lookup is not None:
+            self._lookup.close()
+            self._lookup = None

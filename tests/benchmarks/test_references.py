@@ -11,13 +11,13 @@ from pyspark.sql import SparkSession
 
 from benchmarks.merge_throughput import TOPIC, checksum, generate, produce
 from benchmarks.references import run_no_spark, run_plain_spark
-from cdc_assets.demo.broker import LocalBroker
+from cdc_assets.demo.broker import ApacheKafkaBroker
 
 BATCH = 5_000
 
 
 @pytest.fixture(scope="module")
-def workload(broker: LocalBroker) -> tuple[int, dict[int, dict]]:
+def workload(broker: ApacheKafkaBroker) -> tuple[int, dict[int, dict]]:
     """20,000 events over 2,000 keys in the benchmark's topic (3 partitions): record count and final rows."""
     records, reference = generate(20_000, 2_000)
     produce(broker.bootstrap_servers, records, partitions=3)
@@ -25,7 +25,7 @@ def workload(broker: LocalBroker) -> tuple[int, dict[int, dict]]:
 
 
 @pytest.mark.parametrize("reference_name", ["no_spark", "plain_spark"])
-def test_reference_matches_fold(reference_name: str, workload: tuple[int, dict[int, dict]], broker: LocalBroker,
+def test_reference_matches_fold(reference_name: str, workload: tuple[int, dict[int, dict]], broker: ApacheKafkaBroker,
                                 spark: SparkSession, tmp_path: Path) -> None:
     records, reference = workload
     target = str(tmp_path / "accounts")
