@@ -64,8 +64,8 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
                  conf: Mapping[str, str] | None = None, use_class_archive: bool = False) -> dict[str, str]:
     """The full Spark config for a session: embedded defaults, Delta jars if named, then ``conf``.
 
-    ``remote`` (a Spark Connect URL) replaces ``master``. The env var ``CDC_DELTA_SPARK_JARS``
-    names Delta jar files (comma-separated) to put on the classpath, enabling the delta-spark writer.
+    ``remote`` (a Spark Connect URL) replaces ``master``. Any other session gets Delta: the jars of
+    ``delta_jars`` on its classpath, with Delta's SQL extension and catalog.
     ``use_class_archive``: a local JVM started in this process maps the class archive
     (``cdc_assets.io.class_archive``) when there is one. The local Spark server does not: it starts
     once and serves many runs, while the archive, relocated in memory, would hold ~170 MB for as long
@@ -76,7 +76,7 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
         settings = {"spark.remote": remote, "spark.sql.session.timeZone": "UTC"}
     else:
         settings["spark.master"] = master
-        jars = os.environ.get(DELTA_JARS_ENV_VAR, "").strip()
+        jars = delta_jars()
         if jars:
             settings["spark.jars"] = jars
             settings["spark.sql.extensions"] = DELTA_EXTENSION
@@ -90,9 +90,26 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
     return settings
 
 
+def delta_jars() -> str:
+    """The Delta jar files for Spark's classpath, comma-separated: ``$CDC_DELTA_SPARK_JARS`` if it is
+    set (empty: no Delta), else those ``scripts/setup`` fetched into this installation (none: no Delta)."""
+    if DELTA_JARS_ENV_VAR in os.environ:
+        return os.environ[DELTA_JARS_ENV_VAR].strip()
+    return ",".join(str(jar) for jar in sorted(delta_jars_dir().glob("*.jar")))
+
+
+def delta_jars_dir() -> Path:
+    """Where ``scripts/setup`` puts this installation's Delta jars."""
+    return _share_dir() / "delta-jars"
+
+
+def _share_dir() -> Path:
+    return Path(sys.prefix) / "share" / "cdc-assets"
+
+
 def class_archive_path() -> Path:
     """Where this installation's JVM class archive lives (``$CDC_SPARK_CLASS_ARCHIVE`` overrides)."""
-    default = Path(sys.prefix) / "share" / "cdc-assets" / f"spark-{pyspark.__version__}-classes.jsa"
+    default = _share_dir() / f"spark-{pyspark.__version__}-classes.jsa"
     return Path(os.environ.get(CLASS_ARCHIVE_ENV_VAR) or default)
 
 
@@ -107,8 +124,8 @@ def is_local(spark: SparkSession) -> bool:
     """Whether the session's JVM runs on this machine, sharing its file system: a ``local[...]``
     master, or a Spark Connect server on the loopback interface (the local Spark server)."""
     if isinstance(spark, ConnectSession):
-        return spark.client._builder.host in LOOPBACK  # the client has no public accessor for it
-    return spark.sparkContext.master.startswith("local")
+        return spark.client.host in LOOPBACK
+    return (spark.sparkContext.master or "").startswith("local")
 
 
 def _cores(spark: SparkSession) -> int:

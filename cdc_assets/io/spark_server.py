@@ -36,12 +36,13 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 import psutil
 
 if TYPE_CHECKING:  # the supervisor never imports pyspark's Python side (pandas and more: ~120 MB)
     from pyspark.sql import SparkSession
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 SERVER_DIR_ENV_VAR = "CDC_SPARK_SERVER_DIR"
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -164,7 +165,7 @@ def disconnect(session: SparkSession) -> None:
 
 def _close_client(session: SparkSession) -> None:
     """Close ``session``'s connection, leaving the session on the server."""
-    session.release_session_on_close = False
+    cast("ConnectSession", session).release_session_on_close = False
     session.stop()
 
 

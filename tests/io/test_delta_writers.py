@@ -91,11 +91,25 @@ def test_commit_metadata_is_the_documented_json(spark, writer, tmp_path):
                        "key_columns": []}}
 
 
-def test_delta_spark_without_delta_in_the_session_is_a_clear_error(spark):
+def test_auto_takes_delta_rs_on_local_spark_even_with_delta(spark):
     from cdc_assets.io.spark import has_delta
 
-    if has_delta(spark):
-        pytest.skip("this session has Delta")
-    with pytest.raises(DeltaWriterError, match="needs a Spark session with Delta"):
-        select_writer("delta-spark", spark)
+    assert has_delta(spark)  # the embedded default has the jars scripts/setup fetched
     assert select_writer("auto", spark).name == "delta-rs"
+    assert select_writer("delta-spark", spark).name == "delta-spark"
+
+
+def test_delta_spark_without_delta_in_the_session_is_a_clear_error(monkeypatch):
+    from cdc_assets.io.spark import DELTA_JARS_ENV_VAR, spark_config
+    from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
+
+    monkeypatch.setenv(DELTA_JARS_ENV_VAR, "")  # set and empty: no Delta jars
+    settings = spark_config()
+    assert "spark.jars" not in settings
+    session = connect(ensure_local_server(settings, idle_timeout_s=30))
+    try:
+        with pytest.raises(DeltaWriterError, match="needs a Spark session with Delta"):
+            select_writer("delta-spark", session)
+        assert select_writer("auto", session).name == "delta-rs"
+    finally:
+        disconnect(session)
