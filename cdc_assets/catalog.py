@@ -7,8 +7,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from cdc_assets.config import ConfigError, ConnectorConfig, PipelineConfig, TableConfig
-from cdc_assets.io.delta import DeltaTarget
+from cdc_assets.config import DEFAULT_UNAVAILABLE_PLACEHOLDER, ConfigError, ConnectorConfig, PipelineConfig, TableConfig
+from cdc_assets.io.delta import ApplyMode, DeltaTarget
 from cdc_assets.io.registry import RegistryEntry
 from cdc_assets.io.transactions import TransactionLog
 
@@ -26,7 +26,7 @@ class CapturedTable:
     key_columns: tuple[str, ...] | None = None
     columns: dict[str, str] | None = None
     on_bad_event: str = "halt"
-    apply_mode: str = "scd1"
+    apply_mode: ApplyMode = "scd1"
     dead_letter: DeltaTarget | None = None
     retired: bool = False
     owners: tuple[str, ...] = ()
@@ -36,6 +36,8 @@ class CapturedTable:
     watermarks: DeltaTarget | None = None
     max_watermark_lag_s: float = 3600.0
     max_heartbeat_age_s: float | None = None  # the connector sends heartbeats: how old the newest may be
+    unavailable_placeholder: str = DEFAULT_UNAVAILABLE_PLACEHOLDER  # the connector's unavailable.value.placeholder
+    on_truncate: str = "halt"
 
     @property
     def app_id(self) -> str:
@@ -54,7 +56,7 @@ def _transaction_log(config: PipelineConfig, connector: ConnectorConfig, table: 
         return None
     topic = connector.transaction_topic or f"{connector.topic_prefix}.transaction"
     return TransactionLog(topic, DeltaTarget(pipeline_table_path(config.delta.root, f"transactions/{topic}"),
-                                             dict(config.delta.storage_options)))
+                                             dict(config.delta.storage_options)), connector.kind)
 
 
 def _is_url(path: str) -> bool:
@@ -90,6 +92,8 @@ def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: T
         watermarks=DeltaTarget(pipeline_table_path(config.delta.root, "watermarks"), options),
         max_watermark_lag_s=connector.max_watermark_lag_s,
         max_heartbeat_age_s=connector.max_heartbeat_age_s,
+        unavailable_placeholder=connector.unavailable_value_placeholder,
+        on_truncate=table.on_truncate,
     )
 
 

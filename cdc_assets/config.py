@@ -24,6 +24,7 @@ from cdc_assets.io.signals import DEFAULT_DEBEZIUM_VERSION
 CONFIG_ENV_VAR = "CDC_ASSETS_CONFIG"
 DEMO_CONFIG_PATH = Path(__file__).parent / "demo" / "pipeline.yaml"
 
+DEFAULT_UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
 ConnectorKind = Literal["postgresql", "sqlserver", "db2", "mongodb", "mysql", "oracle"]
 WriterName = Literal["auto", "delta-rs", "delta-spark"]
 
@@ -121,6 +122,9 @@ class TableConfig(_Model):
         default="halt", description="halt: commit nothing and fail; dead_letter: apply the rest, keep bad events "
                                     "in the pipeline's dead-letter table")
     apply_mode: Literal["scd1", "soft_delete", "scd2"] = "scd1"
+    on_truncate: Literal["halt", "ignore"] = Field(
+        default="halt", description="a TRUNCATE event (op t, skipped.operations=none): halt = stop before it, "
+                                    "committing nothing, naming topic/partition/offset; ignore = skip it (counted)")
     owners: list[str] = Field(default_factory=list, description="Dagster asset owners (emails or team:name)")
     tags: dict[str, str] = Field(default_factory=dict, description="Dagster asset tags")
     max_capture_lag_s: float | None = Field(default=None, gt=0, description="capture-lag check bound")
@@ -187,6 +191,10 @@ class ConnectorConfig(_Model):
     signal: SignalConfig | None = None
     snapshot_schedules: list[SnapshotScheduleConfig] = Field(default_factory=list)
     transaction_metadata: bool = Field(default=False, description="provide.transaction.metadata is on")
+    unavailable_value_placeholder: str = Field(
+        default=DEFAULT_UNAVAILABLE_PLACEHOLDER, alias="unavailable.value.placeholder", min_length=1,
+        description="the connector's unavailable.value.placeholder (PostgreSQL unchanged TOAST, Oracle LOBs): "
+                    "a column carrying it is unchanged, never a value")
     transaction_topic: str | None = Field(default=None, description="default '<topic.prefix>.transaction'")
     max_watermark_lag_s: float = Field(default=3600.0, gt=0, description="bound of the watermark check")
     max_heartbeat_age_s: float | None = Field(

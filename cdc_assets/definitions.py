@@ -65,7 +65,8 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
                                                    translator=translator))
     if signalled:
         sensors.append(make_snapshot_backfill_sensor([t for t in live if t.connector in signalled],
-                                                     incremental_snapshot_job, cdc_merge_job, translator=translator))
+                                                     incremental_snapshot_job, cdc_merge_job,
+                                                     kafka_client_settings(config.kafka), translator=translator))
     return Definitions(
         assets=[build_cdc_asset(table, config.batch, transactional.get(table.connector), translator)
                 for table in tables],

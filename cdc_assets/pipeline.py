@@ -34,21 +34,26 @@ from cdc_assets.core.envelope import (
     OFFSET_COLUMN,
     PARTITION_COLUMN,
     TRANSACTION_COLUMN,
+    TRUNCATE_OP,
     explain_bad_value,
 )
 from cdc_assets.core.fold import BadEvent
-from cdc_assets.core.history import history_versions
+from cdc_assets.core.history import history_versions, latest_positions
 from cdc_assets.core.layout import (
+    CURRENT_COLUMN,
     DELETED_COLUMN,
     HIDDEN_PREFIX,
     MONGODB_DOCUMENT_COLUMN,
     OP_COLUMN,
     POSITION_COLUMN,
+    UNAVAILABLE_COLUMN,
+    VALID_FROM_COLUMN,
+    VALID_TO_COLUMN,
     ChangeEventLayout,
     LayoutError,
 )
 from cdc_assets.core.mongodb import ORPHAN_COLUMN, ORPHAN_REASON, fold_documents
-from cdc_assets.core.transactions import cut_batch
+from cdc_assets.core.transactions import cut_batch, transaction_key
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
 from cdc_assets.io.kafka_source import KafkaSource, RawBatch
@@ -76,6 +81,17 @@ class BadEventError(RuntimeError):
             f"to table '{table}' ({bad_events} bad event(s) in the batch). Fix the producer or the table's config "
             "and run again, or set the table's on_bad_event: dead_letter to apply the rest and keep bad events in "
             "the dead-letter table")
+
+
+class TruncateError(RuntimeError):
+    """A TRUNCATE reached a table whose ``on_truncate`` is halt; nothing of its batch was committed."""
+
+    def __init__(self, topic: str, partition: int, offset: int, table: str):
+        self.topic, self.partition, self.offset = topic, partition, offset
+        super().__init__(
+            f"{topic} partition {partition} offset {offset}: TRUNCATE of table '{table}' at the source. Halted "
+            "(the table's on_truncate is halt): nothing of this batch was committed and the Delta table keeps its "
+            "rows. Decide for the table: on_truncate: ignore skips TRUNCATE events (counted), then run again")
 
 
 class BatchTooSmallError(RuntimeError):
@@ -164,6 +180,49 @@ def _fold_documents(spark: SparkSession, writer: DeltaWriter, table: CapturedTab
     return rows, summary
 
 
+def _latest_positions(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout,
+                      decoded: DataFrame) -> DataFrame | None:
+    """scd2: per key of the batch that the table holds, its latest position there (None: none)."""
+    keys = decoded.where(F.col(ERROR_COLUMN).isNull()).select(*layout.key_columns).distinct().toArrow()
+    columns = [*layout.key_columns, VALID_FROM_COLUMN, VALID_TO_COLUMN]
+    versions = writer.current_rows(table.target, keys, columns) if keys.num_rows else None
+    if versions is None or not versions.num_rows:
+        return None
+    return latest_positions(spark.createDataFrame(versions), layout.key_columns)
+
+
+def _keep_unavailable(writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout, rows: pa.Table,
+                      summary: BatchSummary) -> tuple[pa.Table, BatchSummary]:
+    """Give the values the batch left unavailable (the placeholder: unchanged, and no event of the
+    batch knew them) the value the table holds for the key (scd2: its current version); where the
+    table has no row for the key the value was never captured and stays null, counted in the summary."""
+    if UNAVAILABLE_COLUMN not in rows.column_names:
+        return rows, summary
+    left = rows[UNAVAILABLE_COLUMN]
+    pending = pc.fill_null(pc.greater(pc.list_value_length(left), 0), False)
+    rows = rows.drop_columns([UNAVAILABLE_COLUMN])
+    if not pc.any(pending).as_py():
+        return rows, summary
+    filled, lists = rows.filter(pending).to_pylist(), left.filter(pending).to_pylist()
+    keys = list(layout.key_columns)
+    current = table.apply_mode == "scd2"
+    names = sorted({name for names in lists for name in names})
+    stored_rows = writer.current_rows(table.target, rows.filter(pending).select(keys),
+                                      [*keys, *names, *([CURRENT_COLUMN] if current else [])])
+    stored = {tuple(row[k] for k in keys): row for row in (stored_rows.to_pylist() if stored_rows else [])
+              if not current or row[CURRENT_COLUMN]}
+    kept = never_seen = 0
+    for row, unknown in zip(filled, lists, strict=True):
+        found = stored.get(tuple(row[k] for k in keys))
+        for name in unknown:
+            if found is None:
+                never_seen += 1
+            else:
+                row[name], kept = found[name], kept + 1
+    rows = pa.concat_tables([rows.filter(pc.invert(pending)), pa.Table.from_pylist(filled, schema=rows.schema)])
+    return rows, replace(summary, unavailable_kept=kept, unavailable_never_seen=never_seen)
+
+
 def _fold(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout,
           decoded: DataFrame) -> tuple[pa.Table, BatchSummary]:
     """The rows to MERGE for ``table``'s apply mode, and the batch summary, from decoded events."""
@@ -172,11 +231,13 @@ def _fold(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, layout
         decoded = decoded.persist()  # read twice: the fold (for the summary) and the rows
     rows, summary = fold_batch(decoded, layout)
     if table.apply_mode == "scd2":
-        rows = history_versions(decoded, layout).toArrow()
+        keyed = decoded.where(F.col(OP_COLUMN) != TRUNCATE_OP)  # a TRUNCATE has no key: never a version
+        rows = history_versions(keyed, layout, _latest_positions(spark, writer, table, layout, keyed)).toArrow()
     elif table.kind == "mongodb":
         rows, summary = _fold_documents(spark, writer, table, layout, decoded, summary)
     if reread:
         decoded.unpersist()
+    rows, summary = _keep_unavailable(writer, table, layout, rows, summary)
     if table.apply_mode == "soft_delete":
         rows = rows.append_column(DELETED_COLUMN, pc.equal(rows[OP_COLUMN], "d"))
     return rows, summary
@@ -199,9 +260,14 @@ def _before_arrow(cut: dict[int, int], events: pa.Table) -> pa.ChunkedArray:
 
 
 def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch, progress: TableProgress | None,
-                        decoded: DataFrame) -> tuple[dict[int, int] | None, dict[str, object]]:
+                        decoded: DataFrame, limits: BatchLimits) -> tuple[dict[int, int] | None, dict[str, object]]:
     """Cut the batch to whole transactions of the table (``core.transactions``): the cut offsets
-    (None when no event can be applied yet) and the commit's transaction metadata."""
+    (None when no event can be applied yet) and the commit's transaction metadata.
+
+    A batch that can apply nothing waits when the transactions blocking it have no END in the log
+    yet (still open at the source, or not ingested yet): a later batch applies them. It fails with
+    ``BatchTooSmallError`` when one's END is known and announces more events for the table than the
+    batch, stopped short of the topic's end by its limits, holds."""
     log = table.transaction_log
     assert log is not None
     ingest_transactions(source, log)
@@ -210,15 +276,24 @@ def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch
              .agg(F.count(F.lit(1)).alias("events"), F.min(OFFSET_COLUMN).alias("first")).collect())
     seen: dict[str, tuple[int, dict[int, int]]] = {}
     for row in stats:
-        count, firsts = seen.get(row[TRANSACTION_COLUMN], (0, {}))
-        seen[row[TRANSACTION_COLUMN]] = (count + row["events"], {**firsts, row[PARTITION_COLUMN]: row["first"]})
+        key = transaction_key(table.kind, row[TRANSACTION_COLUMN])
+        count, firsts = seen.get(key, (0, {}))
+        first = min(row["first"], firsts.get(row[PARTITION_COLUMN], row["first"]))
+        seen[key] = (count + row["events"], {**firsts, row[PARTITION_COLUMN]: first})
     ends = log.ends(seen)
     cut = cut_batch(table.name, raw.start_offsets, raw.end_offsets, seen,
                     {tx: collections for tx, (_, collections) in ends.items()})
-    previous = int((progress.transactions or {}).get("applied_end", -1)) if progress else -1
+    previous = int(str((progress.transactions or {}).get("applied_end", -1))) if progress else -1
     applied_end = max([previous, *(ends[tx][0] for tx in cut.applied)])
     caught_up = raw.caught_up
     applicable = cut.end_offsets if cut.end_offsets != raw.start_offsets else None
+    too_large = {tx: {"seen": n, "expected": e} for tx, (n, e) in sorted(cut.waiting.items()) if e is not None}
+    if applicable is None and not caught_up and too_large:
+        raise BatchTooSmallError(
+            f"table '{table.name}' (topic {table.topic}): transaction(s) {too_large} (events of the table seen "
+            f"in this batch, and announced by the END) do not fit in a batch of {limits.max_records} records / "
+            f"{limits.max_bytes} bytes; nothing was committed. Raise the batch limits (max_records_per_batch in "
+            "the run config) above the events announced, tombstones included")
     return applicable, {
         "applied_end": applied_end,
         "horizon": table_horizon(log, table.name, applied_end),
@@ -321,42 +396,61 @@ def _taken(following: Future[_Prepared], assumed: TableProgress, table: Captured
         prepared = following.result()
     except Exception:
         return None  # prepared again from what Delta holds, and fails again if it must
+    if prepared.summary is not None and prepared.summary.unavailable_kept + prepared.summary.unavailable_never_seen:
+        return None  # it read the table's values before the commit before it: read them again
     if progress is None or (progress.offsets, progress.key_columns) != (assumed.offsets, assumed.key_columns):
         return None
     if prepared.layout is None or prepared.samples is None:
         return prepared if schema == prepared.existing else None
-    return prepared if _derive_layout(table, prepared.raw, prepared.samples, schema) == prepared.layout else None
+    layout = _derive_layout(table, prepared.raw, prepared.samples, schema, progress.key_columns)
+    return prepared if layout == prepared.layout else None
 
 
 def _derive_layout(table: CapturedTable, raw: RawBatch, samples: tuple[list[bytes], list[bytes]],
-                   existing: StructType | None) -> ChangeEventLayout:
-    """The layout of the batch's sampled keys and values (``core.layout``), given the table's Delta schema."""
+                   existing: StructType | None, key_columns: tuple[str, ...] = ()) -> ChangeEventLayout:
+    """The layout of the batch's sampled keys and values (``core.layout``), given the table's Delta schema
+    and the key columns its last commit recorded (for a batch of keyless events: TRUNCATE)."""
     existing_rows = None
     if existing is not None:
         existing_rows = StructType([f for f in existing.fields if not f.name.startswith(HIDDEN_PREFIX)])
     try:
-        return derive_layout(table.kind, *samples, table.key_columns, table.columns, existing_rows)
+        return derive_layout(table.kind, *samples, table.key_columns, table.columns, existing_rows,
+                             table.unavailable_placeholder, key_columns)
     except LayoutError as exc:
         offsets = {p: f"{raw.start_offsets[p]}..{raw.end_offsets[p]}" for p in sorted(raw.start_offsets)}
         raise LayoutError(f"table '{table.name}', topic {table.topic}, batch offsets by partition {offsets}: "
                           f"{exc}. Nothing was committed") from exc
 
 
+def _read(source: KafkaSource, table: CapturedTable, limits: BatchLimits, offsets: Mapping[int, int] | None
+          ) -> tuple[RawBatch, int, pa.Table]:
+    """The batch of ``table``'s topic that starts at ``offsets``, its tombstones and its other records."""
+    # Read the next batch while this one is applied; not for tables cut to whole transactions, whose
+    # batches also read the transaction topic with the same consumer.
+    raw = source.read_batch(table.topic, offsets, limits.max_records, limits.max_bytes, limits.poll_timeout_s,
+                            read_ahead=table.transaction_log is None)
+    _checkpoint("consumed")
+    is_tombstone = pc.is_null(raw.records["value"])
+    tombstones = pc.sum(is_tombstone).as_py() or 0
+    return raw, tombstones, raw.records.filter(pc.invert(is_tombstone)) if tombstones else raw.records
+
+
 def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
              limits: BatchLimits, progress: TableProgress | None, existing: StructType | None) -> _Prepared:
     """Read the batch that starts at ``progress`` and fold it, for a table whose Delta schema is
     ``existing``: everything before the commit, nothing written."""
-    timings: dict[str, float] = {}
-    # Read the next batch while this one is applied; not for tables cut to whole transactions, whose
-    # batches also read the transaction topic with the same consumer.
-    raw = source.read_batch(table.topic, progress.offsets if progress else None, limits.max_records,
-                            limits.max_bytes, limits.poll_timeout_s, read_ahead=table.transaction_log is None)
-    timings.update(raw.timings)
-    _checkpoint("consumed")
-    records = raw.records
-    is_tombstone = pc.is_null(records["value"])
-    tombstones = pc.sum(is_tombstone).as_py() or 0
-    events = records.filter(pc.invert(is_tombstone)) if tombstones else records
+    raw, tombstones, events = _read(source, table, limits, progress.offsets if progress else None)
+    while events.num_rows == 0 and existing is None and not raw.caught_up:
+        # Tombstones only and no table to record their offsets in (nothing to create it from): read on,
+        # and the first commit with rows records the offsets past them.
+        following, more, events = _read(source, table, limits, raw.end_offsets)
+        raw = replace(following, start_offsets={**following.start_offsets, **raw.start_offsets},
+                      records_read=raw.records_read + following.records_read,
+                      bytes_read=raw.bytes_read + following.bytes_read,
+                      timings={k: raw.timings.get(k, 0.0) + following.timings.get(k, 0.0)
+                               for k in {*raw.timings, *following.timings}})
+        tombstones += more
+    timings = dict(raw.timings)
     if raw.end_offsets == raw.start_offsets:
         return _Prepared(raw.without_records(), tombstones, timings, existing=existing)
     commit = CommitRequest(table.app_id, sum(raw.end_offsets.values()), table.topic, raw.end_offsets,
@@ -366,7 +460,7 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
                          existing=existing)
 
     samples = (_sample(events["key"]), _sample(events["value"]))
-    layout = _derive_layout(table, raw, samples, existing)
+    layout = _derive_layout(table, raw, samples, existing, progress.key_columns if progress else ())
     commit = replace(commit, key_columns=layout.key_columns)
     # The local hand-over first reads a batch without its fallback for unreadable lines (less Spark CPU
     # a batch); a batch with any bad event is read again, exactly, so that bad events get the exact
@@ -380,13 +474,8 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
         decoded = decode_change_events(frame, layout)
         transactions: dict[str, object] | None = None
         if table.transaction_log is not None:
-            cut_offsets, transactions = _whole_transactions(source, table, raw, progress, decoded)
-            if cut_offsets is None and not raw.caught_up:
-                raise BatchTooSmallError(
-                    f"table '{table.name}' (topic {table.topic}): the first waiting transaction(s) "
-                    f"{transactions['waiting']} do not fit in a batch of {limits.max_records} records / "
-                    f"{limits.max_bytes} bytes; raise the batch limits (max_records_per_batch in the run config)")
-            if cut_offsets is None:  # nothing whole yet: commit nothing, report what waits
+            cut_offsets, transactions = _whole_transactions(source, table, raw, progress, decoded, limits)
+            if cut_offsets is None:  # nothing whole yet (an END not ingested): commit nothing, report what waits
                 return _Prepared(replace(raw.without_records(), end_offsets=dict(raw.start_offsets)), tombstones,
                                  timings, existing=existing, transactions=transactions)
             if cut_offsets != raw.end_offsets:
@@ -430,9 +519,17 @@ def _apply(writer: DeltaWriter, table: CapturedTable, prepared: _Prepared) -> Ba
         write_dead_letters(table.dead_letter, dead_letter_rows(table.topic, table.name, events, bad))
         dead_lettered = len(bad)
         timings["dead_letter_s"] = time.perf_counter() - mark
+    if prepared.summary.truncates and table.on_truncate == "halt":
+        first = prepared.summary.truncates[0]
+        raise TruncateError(table.topic, first.partition, first.offset, table.name)
     _checkpoint("folded")
     mark = time.perf_counter()
-    outcome = writer.merge(table.target, prepared.rows, prepared.layout.key_columns, prepared.commit, table.apply_mode)
+    if prepared.rows.num_rows == 0 and prepared.existing is not None:
+        # Nothing to change (every event older than the table's rows, or dead-lettered): the offsets alone.
+        outcome = writer.commit_progress(table.target, prepared.commit)
+    else:
+        outcome = writer.merge(table.target, prepared.rows, prepared.layout.key_columns, prepared.commit,
+                               table.apply_mode)
     timings["merge_commit_s"] = time.perf_counter() - mark
     _checkpoint("committed")
     return replace(report, outcome=outcome, dead_lettered=dead_lettered)

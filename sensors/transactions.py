@@ -2,11 +2,12 @@
 and, when transactions complete, requests one merge run for exactly the tables they touched.
 
 Many small transactions completed since the last tick make one run; its run key is
-``transactions:<topic>:<partition>:<first END offset>-<last END offset>``, so a re-evaluated tick
-launches nothing twice. The cursor holds the next offset per partition and the ids of transactions
-begun but not ended. An END without a BEGIN, an unknown status or malformed data collections stop
-the cursor before the event; the tick fails naming its offset (or logs it, when it also requested a
-run for transactions completed before it).
+``transactions:<topic>:<partition>:<first END offset>-<last END offset>`` (ranges of several
+partitions joined by ``,``), so a re-evaluated tick launches nothing twice. The cursor holds the
+next offset per partition and the ids of transactions begun but not ended. An END without a BEGIN,
+an unknown status or malformed data collections stop their partition's cursor before the event
+(the other partitions read on); the tick fails naming its offset (or logs it, when it also
+requested a run for transactions completed elsewhere or before it).
 """
 
 import json
@@ -17,7 +18,7 @@ from dagster import RunRequest, SensorDefinition, SensorEvaluationContext, Senso
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import ConnectorConfig
-from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event
+from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event, transaction_key
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
 from cdc_assets.io.transactions import TransactionLogError, touched_tables
 from cdc_assets.translator import CdcTranslator, dagster_name
@@ -53,32 +54,40 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
             source.close()
         next_offsets = dict(batch.end_offsets)
         completed: list[tuple[int, int, dict[str, int]]] = []
-        problem = None
+        problems: list[str] = []
+        stopped: set[int] = set()  # partitions stopped at a malformed event; the others read on
         for record in sorted(batch.records.to_pylist(), key=lambda r: (r["partition"], r["offset"])):
+            if record["partition"] in stopped:
+                continue
             where = f"{topic} partition {record['partition']} offset {record['offset']}"
             try:
                 event = parse_transaction_event(record["value"])
-                if event.status == "END" and event.id not in open_ids:
+                key = transaction_key(connector.kind, event.id)  # BEGIN and END ids differ for PostgreSQL
+                if event.status == "END" and key not in open_ids:
                     raise TransactionEventError(f"END of transaction {event.id} without a BEGIN before it")
             except TransactionEventError as exc:
-                problem = f"{where}: {exc}"
+                problems.append(f"{where}: {exc}")
                 next_offsets[record["partition"]] = record["offset"]
-                break
+                stopped.add(record["partition"])
+                continue
             if event.status == "BEGIN":
-                open_ids.add(event.id)
+                open_ids.add(key)
             else:
-                open_ids.discard(event.id)
+                open_ids.discard(key)
                 completed.append((record["partition"], record["offset"], event.collections))
-        if problem and not completed:
-            raise TransactionLogError(f"malformed transaction event, cursor kept before it: {problem}")
-        if problem:
+        if problems and not completed:
+            raise TransactionLogError("malformed transaction event(s), cursor kept before them: "
+                                      + "; ".join(problems))
+        for problem in problems:
             context.log.error(f"malformed transaction event, cursor kept before it: {problem}")
         requests = []
         touched = touched_tables([collections for _, _, collections in completed], keys)
         if touched:
-            first, last = completed[0], completed[-1]
+            ranges: dict[int, tuple[int, int]] = {}
+            for partition, offset, _ in completed:
+                ranges[partition] = (ranges.get(partition, (offset, offset))[0], offset)
             requests.append(RunRequest(
-                run_key=f"transactions:{topic}:{first[0]}:{first[1]}-{last[1]}",
+                run_key=f"transactions:{topic}:" + ",".join(f"{p}:{a}-{b}" for p, (a, b) in sorted(ranges.items())),
                 asset_selection=[keys[name] for name in sorted(touched)],
                 tags={"cdc_assets/transactions": str(len(completed))}))
         new_cursor = {"offsets": {str(p): o for p, o in next_offsets.items()}, "open": sorted(open_ids)}

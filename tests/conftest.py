@@ -1,4 +1,4 @@
-"""Real parts for the tests: a local Kafka-protocol broker, a local Spark session, Delta on disk."""
+"""Real parts for the tests: a local Apache Kafka broker, a local Spark session, Delta on disk."""
 
 from __future__ import annotations
 
@@ -17,22 +17,31 @@ from pyspark.sql import DataFrame, SparkSession
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
 from cdc_assets.core import ChangeEventLayout, value_type
-from cdc_assets.demo.broker import LocalBroker
+from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker
 from cdc_assets.demo.events import Record
 from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka_source import KafkaSource
-from cdc_assets.io.spark import has_delta, spark_config, spark_records
+from cdc_assets.io.spark import DELTA_JARS_ENV_VAR, delta_jars_dir, has_delta, spark_config, spark_records
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, disconnect, ensure_local_server, stop_all
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
+from tests.postgres import PostgresServer
 
 # Copies of ../shared/data/debezium-captures (real Debezium events, Apache License 2.0; see their README).
 CAPTURES = Path(__file__).resolve().parent / "fixtures" / "debezium-captures"
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[LocalBroker]:
-    with LocalBroker() as local_broker:
-        yield local_broker
+def broker() -> Iterator[ApacheKafkaBroker]:
+    """A single-node Apache Kafka (KRaft) on a free port with a fresh log dir, for the whole session."""
+    with ApacheKafkaBroker() as kafka:
+        yield kafka
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A private PostgreSQL (logical decoding on) for the session, from the machine's binaries."""
+    with PostgresServer() as server:
+        yield server
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -75,15 +84,16 @@ def hand_over(spark: SparkSession) -> Iterator[Callable[..., DataFrame]]:
 
 @pytest.fixture(params=["delta-rs", "delta-spark"])
 def writer(request: pytest.FixtureRequest, spark: SparkSession) -> DeltaWriter:
-    """Every Delta writer available; delta-spark needs Delta jars (CDC_DELTA_SPARK_JARS)."""
+    """Each Delta writer in turn; delta-spark on the session's Delta jars (``scripts/setup`` fetches them)."""
     if request.param == "delta-rs":
         return DeltaRsWriter()
     if not has_delta(spark):
-        pytest.skip("delta-spark leg skipped: the session has no Delta jars (set CDC_DELTA_SPARK_JARS to run it)")
+        pytest.fail(f"the local Spark session has no Delta: no jars in {delta_jars_dir()} (run scripts/setup) "
+                    f"and none named by {DELTA_JARS_ENV_VAR}")
     return DeltaSparkWriter(spark)
 
 
-def new_topic(broker: LocalBroker, name: str, partitions: int = 1) -> str:
+def new_topic(broker: ApacheKafkaBroker, name: str, partitions: int = 1) -> str:
     """Create a uniquely named topic and return its name."""
     topic = f"{name}.{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
@@ -91,9 +101,9 @@ def new_topic(broker: LocalBroker, name: str, partitions: int = 1) -> str:
     return topic
 
 
-def produce(broker: LocalBroker, topic: str, records: Sequence[Record], partition: int | None = None) -> None:
+def produce(broker: ApacheKafkaBroker, topic: str, records: Sequence[Record], partition: int | None = None) -> None:
     """Produce (key, value) records, keyed as Debezium keys them (same key, same partition)."""
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": broker.bootstrap_servers})
     for key, value in records:
         if partition is None:
             producer.produce(topic, key=key, value=value)
@@ -108,7 +118,7 @@ def captured_table(topic: str, root: Path, kind: str = "postgresql", **options) 
                          target=DeltaTarget(str(root / topic)), **options)
 
 
-def run_batch(spark: SparkSession, broker: LocalBroker, writer: DeltaWriter, table: CapturedTable,
+def run_batch(spark: SparkSession, broker: ApacheKafkaBroker, writer: DeltaWriter, table: CapturedTable,
               max_records: int = 100_000) -> BatchReport:
     """One micro-batch of ``table`` through the real pipeline."""
     source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "cdc-tests"})
@@ -126,7 +136,7 @@ def read_rows(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, vi
 
         rows = DeltaTable(table.target.path).to_pyarrow_table().to_pylist()
     else:
-        rows = [row.asDict() for row in spark.read.format("delta").load(table.target.path).collect()]
+        rows = [row.asDict(recursive=True) for row in spark.read.format("delta").load(table.target.path).collect()]
     keys = table.key_columns or ("id",)
     result = {}
     for row in rows:

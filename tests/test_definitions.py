@@ -100,10 +100,11 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
+    from cdc_assets.demo.broker import PRODUCER_SETTINGS
     from cdc_assets.demo.sample import SAMPLE_TOPICS
 
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": broker.bootstrap_servers})
     for topic, (partitions, records) in SAMPLE_TOPICS.items():
         renamed = topic.replace("dbserver1", "checks1").replace("server1", "checks2")
         admin.create_topics([NewTopic(renamed, num_partitions=partitions, replication_factor=1)])[renamed].result()

@@ -9,7 +9,7 @@ import pytest
 from dagster import DagsterInstance
 
 from cdc_assets.config import BatchLimits
-from cdc_assets.demo.broker import LocalBroker, free_port
+from cdc_assets.demo.broker import ApacheKafkaBroker, free_port
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
 from cdc_assets.pipeline import merge_micro_batch
@@ -27,7 +27,7 @@ def events(start, count, topic_key=lambda i: i % 5):
 
 def test_broker_down_fails_clearly_moves_nothing_and_resumes_exactly(spark, writer, tmp_path):
     data_dir, port = tmp_path / "broker", free_port()
-    broker = LocalBroker(data_dir, port).start()
+    broker = ApacheKafkaBroker(data_dir, port).start()
     try:
         topic = new_topic(broker, "outage.s.t")
         produce(broker, topic, events(0, 10))
@@ -46,7 +46,7 @@ def test_broker_down_fails_clearly_moves_nothing_and_resumes_exactly(spark, writ
             merge_micro_batch(spark, source, writer, table, limits)
         assert writer.read_progress(table.target, table.app_id) == before
         source.close()
-        broker = LocalBroker(data_dir, port).start()
+        broker = ApacheKafkaBroker(data_dir, port).start()
         produce(broker, topic, events(10, 5))
         source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "outage"})
         report = merge_micro_batch(spark, source, writer, table, limits)

@@ -2,8 +2,11 @@
 plain-Python reference fold, for every relational connector and apply mode.
 
 Histories hold creates, updates, deletes (with tombstones), re-creates, primary-key changes, initial
-snapshot reads and late incremental-snapshot reads carrying an older position, spread over 1-3
-partitions (one partition per key, as Kafka keys them) and applied in random micro-batches.
+snapshot reads and late incremental-snapshot reads carrying an older position (in every apply mode),
+a column that appears mid-stream (in row images, and in value schemas when the history has them) and
+a head of tombstones only (a compacted topic after mass deletes), spread over 1-3 partitions (one
+partition per key, as Kafka keys them) and applied in random micro-batches. Transactional histories
+group changes into transactions whose BEGIN/END events lie on a transaction topic of 1-3 partitions.
 """
 
 from __future__ import annotations
@@ -14,11 +17,12 @@ import os
 import random
 from dataclasses import dataclass, replace
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cdc_assets.demo.events import db2_source, envelope, postgres_source, sqlserver_source
-from tests.conftest import captured_table, new_topic, read_rows, run_batch
+from tests.conftest import captured_table, new_topic, produce, read_rows, run_batch
 
 EXAMPLES = int(os.environ.get("CDC_HYPOTHESIS_EXAMPLES", "5"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
@@ -40,26 +44,30 @@ def _lsn_text(counter: int, rng: random.Random) -> str:
     return ":".join(f"{part:0{width}x}" for part, width in zip(parts, widths, strict=True))
 
 
-def history(rng: random.Random, length: int, keys: int = 5, late_reads: bool = True) -> list[Event]:
+def history(rng: random.Random, length: int, keys: int = 5) -> list[Event]:
     """A valid change history in topic order. Late incremental-snapshot reads carry an older position
     than changes already in the topic for a key that still exists (a read of a since-deleted row is
-    never emitted: the snapshot reads the live table)."""
+    never emitted: the snapshot reads the live table). In half the histories a column ``x`` appears
+    at a random step: rows written from then on carry it."""
     state: dict[int, dict] = {}
     snapshots: list[tuple[int, int, dict]] = []
     events: list[Event] = []
     seq = 10
+    new_column_at = rng.randrange(length + 1) if rng.random() < 0.5 else None
     for key in range(rng.randrange(keys)):  # initial snapshot
         state[key] = {"id": key, "v": f"snap{key}", "n": 0}
         events.append(Event(seq, "r", key, dict(state[key])))
-    for _ in range(length):
+    for step in range(length):
         seq += rng.randrange(1, 4) * 16
+        # ALTER TABLE ... ADD COLUMN x: rows written from then on carry it.
+        added = {"x": seq} if new_column_at is not None and step >= new_column_at else {}
         key = rng.randrange(keys)
         draw = rng.random()
         if key not in state:
-            state[key] = {"id": key, "v": f"c{seq}", "n": seq}
+            state[key] = {"id": key, "v": f"c{seq}", "n": seq, **added}
             events.append(Event(seq, "c", key, dict(state[key])))
         elif draw < 0.45:
-            state[key] = {**state[key], "v": f"u{seq}", "n": seq}
+            state[key] = {**state[key], "v": f"u{seq}", "n": seq, **added}
             events.append(Event(seq, "u", key, dict(state[key])))
             snapshots.append((seq, key, dict(state[key])))
         elif draw < 0.65:
@@ -72,7 +80,7 @@ def history(rng: random.Random, length: int, keys: int = 5, late_reads: bool = T
                 state[new_key] = {**old, "id": new_key}
                 events.append(Event(seq, "d", key, old))
                 events.append(Event(seq + 1, "c", new_key, dict(state[new_key])))
-        elif late_reads:  # an incremental-snapshot read that reaches the topic after newer changes
+        else:  # an incremental-snapshot read that reaches the topic after newer changes
             candidates = [(s, k, r) for s, k, r in snapshots if k in state]
             if candidates:
                 old_seq, old_key, old_row = rng.choice(candidates)
@@ -81,18 +89,68 @@ def history(rng: random.Random, length: int, keys: int = 5, late_reads: bool = T
 
 
 def reference(events: list[Event]) -> dict[tuple, dict]:
-    """SCD1 reference: per key, the event with the greatest position wins; a delete removes it."""
+    """SCD1 reference: per key, the event with the greatest position wins; a delete removes it. Rows
+    read null for a column that appeared after they were written."""
     latest: dict[int, Event] = {}
     for event in events:
         if event.key not in latest or event.seq > latest[event.key].seq:
             latest[event.key] = event
-    return {(k,): e.row for k, e in latest.items() if e.op != "d"}
+    extra = {"x": None} if any("x" in (e.row or {}) for e in events) else {}
+    return {(k,): {**extra, **e.row} for k, e in latest.items() if e.op != "d"}
 
 
-def records(events: list[Event], kind: str, rng: random.Random) -> list[tuple[bytes, bytes | None]]:
-    """Kafka records as each connector writes them (a delete is followed by its tombstone)."""
-    out = []
+def reference_versions(events: list[Event]) -> dict[int, list[Event]]:
+    """SCD2 reference: per key, the events that were newer than every event of the key before them in
+    the topic (one partition per key: topic order is list order), in order. An event not newer than
+    the key's latest position changes nothing, whichever batch it arrives in."""
+    kept: dict[int, list[Event]] = {}
     for event in events:
+        chain = kept.setdefault(event.key, [])
+        # Positions are (source position, partition, offset): an equal source position later in the
+        # partition is newer.
+        if not chain or event.seq >= chain[-1].seq:
+            chain.append(event)
+    return kept
+
+
+def transactions_of(events: list[Event], rng: random.Random) -> list[str | None]:
+    """Per event, the id of the transaction it belongs to (None: snapshot reads, outside any):
+    runs of 1-3 consecutive changes, PostgreSQL-style ``txID:LSN`` ids. A primary-key change's delete
+    and create are one transaction."""
+    ids: list[str | None] = []
+    current, left = None, 0
+    for index, event in enumerate(events):
+        if event.op == "r":
+            ids.append(None)
+            current, left = None, 0
+            continue
+        previous = events[index - 1] if index else None
+        pk_create = previous is not None and (previous.op, event.op, previous.seq + 1) == ("d", "c", event.seq)
+        if left == 0 and not pk_create:
+            current, left = f"{600 + index}:{event.seq}", rng.randrange(1, 4)
+        ids.append(current)
+        left = max(left - 1, 0)
+    return ids
+
+
+def transaction_event(status: str, tx_id: str, events: int = 0) -> tuple[bytes, bytes]:
+    """A BEGIN or END (of ``events`` changes of table s.t) with the id the transaction's changes carry,
+    keyed by it as Debezium keys them (so BEGIN and END share a partition)."""
+    body = {"status": status, "id": tx_id, "ts_ms": 1_700_000_000_000, "event_count": None, "data_collections": None}
+    if status == "END":
+        body.update(event_count=events, data_collections=[{"data_collection": "s.t", "event_count": events}])
+    return json.dumps({"id": tx_id}).encode(), json.dumps(body).encode()
+
+
+def records(events: list[Event], kind: str, rng: random.Random, tombstone_head: int = 0, schemas: bool = False,
+            transactions: list[str | None] | None = None) -> list[tuple[bytes, bytes | None]]:
+    """Kafka records as each connector writes them (a delete is followed by its tombstone), after
+    ``tombstone_head`` tombstones of keys that were deleted and compacted away; values wrapped in
+    their Connect schema with ``schemas``; events carry ``transactions``' ids."""
+    out: list[tuple[bytes, bytes | None]] = [(json.dumps({"id": 1000 + n}).encode(), None)
+                                             for n in range(tombstone_head)]
+    orders: dict[str, int] = {}
+    for index, event in enumerate(events):
         ts = 1_700_000_000_000 + event.seq
         if kind == "postgresql":
             source = postgres_source(event.seq, ts, "s", "t", snapshot="incremental" if event.op == "r" else "false")
@@ -105,7 +163,13 @@ def records(events: list[Event], kind: str, rng: random.Random) -> list[tuple[by
         after = None if event.op == "d" else event.row
         before = event.row if event.op == "d" else None
         key = json.dumps({"id": event.key}).encode()
-        out.append((key, envelope(event.op, before, after, source, ts)))
+        tx_id = transactions[index] if transactions else None
+        transaction = None
+        if tx_id is not None:
+            orders[tx_id] = orders.get(tx_id, 0) + 1
+            transaction = {"id": tx_id, "total_order": orders[tx_id], "data_collection_order": orders[tx_id]}
+        out.append((key, envelope(event.op, before, after, source, ts, transaction, with_schema=schemas,
+                                  row_name="t.s.t.Value")))
         if event.op == "d":
             out.append((key, None))
     return out
@@ -114,8 +178,10 @@ def records(events: list[Event], kind: str, rng: random.Random) -> list[tuple[by
 def produce_spread(broker, topic, recs, partitions, rng):
     from confluent_kafka import Producer
 
+    from cdc_assets.demo.broker import PRODUCER_SETTINGS
+
     partition_of: dict[bytes, int] = {}
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": broker.bootstrap_servers})
     for key, value in recs:
         partition = partition_of.setdefault(key, rng.randrange(partitions))
         producer.produce(topic, key=key, value=value, partition=partition)
@@ -131,9 +197,10 @@ def apply_all(spark, broker, writer, table, max_records):
 
 def check_history(spark, broker, writer, tmp_path, kind, seed, length, partitions, max_records, mode="scd1"):
     rng = random.Random(seed)
-    events = history(rng, length, late_reads=mode != "scd2")
+    events = history(rng, length)
     topic = new_topic(broker, f"{kind}.s.t", partitions=partitions)
-    produce_spread(broker, topic, records(events, kind, rng), partitions, rng)
+    head = rng.randrange(1, 6) if rng.random() < 0.3 else 0
+    produce_spread(broker, topic, records(events, kind, rng, head, schemas=rng.random() < 0.5), partitions, rng)
     table = replace(captured_table(topic, tmp_path / f"{seed}-{mode}", kind=kind,
                                    columns={"id": "bigint", "v": "string", "n": "bigint"}), apply_mode=mode)
     apply_all(spark, broker, writer, table, max_records)
@@ -157,7 +224,8 @@ def test_soft_delete_keeps_deleted_rows_flagged(spark, broker, writer, tmp_path,
     events, table = check_history(spark, broker, writer, tmp_path, "postgresql", seed, length, 2, max_records,
                                   mode="soft_delete")
     rows = read_rows(spark, writer, table, visible_only=False)
-    live = {k: {c: row[c] for c in ("id", "v", "n")} for k, row in rows.items() if not row["_cdc_deleted"]}
+    live = {k: {c: v for c, v in row.items() if not c.startswith("_cdc_")} for k, row in rows.items()
+            if not row["_cdc_deleted"]}
     assert live == reference(events)
     deleted = {k for k, row in rows.items() if row["_cdc_deleted"]}
     touched = {(e.key,) for e in events}
@@ -166,10 +234,59 @@ def test_soft_delete_keeps_deleted_rows_flagged(spark, broker, writer, tmp_path,
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**31), length=st.integers(1, 30), max_records=st.integers(1, 12))
-def test_scd2_keeps_every_version(spark, broker, writer, tmp_path, seed, length, max_records):
-    events, table = check_history(spark, broker, writer, tmp_path, "postgresql", seed, length, 2, max_records,
-                                  mode="scd2")
+@given(kind=st.sampled_from(["postgresql", "sqlserver", "db2"]), seed=st.integers(0, 2**31),
+       length=st.integers(1, 30), tx_partitions=st.integers(1, 3), max_records=st.integers(8, 14))
+def test_random_transactional_histories_end_as_the_reference(spark, broker, writer, tmp_path, kind, seed, length,
+                                                             tx_partitions, max_records):
+    """Changes grouped into transactions whose BEGIN/END lie on a transaction topic of 1-3 partitions:
+    batches cut to whole transactions end as the reference, and the transaction sensor requests runs
+    for every transaction once, whichever partition its END is on."""
+    from dagster import DagsterInstance, build_sensor_context
+
+    from cdc_assets.config import parse_config
+    from cdc_assets.definitions import build_definitions
+    from cdc_assets.io.delta import DeltaTarget
+    from cdc_assets.io.transactions import TransactionLog
+    from tests.test_transactions import new_topic_named
+
+    rng = random.Random(seed)
+    events = history(rng, length)
+    ids = transactions_of(events, rng)
+    prefix = new_topic(broker, "txsem").replace(".", "_")
+    topic, tx_topic = new_topic_named(broker, f"{prefix}.s.t"), f"{prefix}.transaction"
+    new_topic_named(broker, tx_topic, partitions=tx_partitions)
+    head = rng.randrange(1, 6) if rng.random() < 0.3 else 0
+    produce_spread(broker, topic, records(events, kind, rng, head, rng.random() < 0.5, ids), 1, rng)
+    transactions = list(dict.fromkeys(tx_id for tx_id in ids if tx_id is not None))
+    produce_spread(broker, tx_topic, [event for tx_id in transactions for event in (
+        transaction_event("BEGIN", tx_id), transaction_event("END", tx_id, ids.count(tx_id)))], tx_partitions, rng)
+
+    log = TransactionLog(tx_topic, DeltaTarget(str(tmp_path / f"{seed}-log")), kind)
+    table = replace(captured_table(topic, tmp_path / f"{seed}-tx", kind=kind, columns=COLUMNS), transaction_log=log)
+    apply_all(spark, broker, writer, table, max_records)
+    assert read_rows(spark, writer, table) == reference(events)
+
+    config = f"""\
+kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
+delta: {{root: "{tmp_path / f'{seed}-defs'}"}}
+connectors:
+  - {{name: txdb, kind: {kind}, topic.prefix: {prefix}, transaction_metadata: true, tables: [{{name: s.t}}]}}
+"""
+    defs = build_definitions(parse_config(config))
+    sensor = defs.resolve_sensor_def("txdb_transaction_sensor")
+    completed, cursor = 0, None
+    with DagsterInstance.ephemeral() as instance:
+        for _ in range(3):  # one tick reads everything; the next ones request nothing more
+            tick = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+            completed += sum(int(r.tags["cdc_assets/transactions"]) for r in tick.run_requests)
+            cursor = tick.cursor
+    assert completed == len(transactions)
+    if transactions:
+        assert json.loads(cursor)["open"] == []
+
+
+def scd2_versions(spark, writer, table) -> dict[int, list[dict]]:
+    """The scd2 table's versions per key, in ``_cdc_valid_from`` order."""
     if writer.name == "delta-rs":
         from deltalake import DeltaTable
 
@@ -177,24 +294,95 @@ def test_scd2_keeps_every_version(spark, broker, writer, tmp_path, seed, length,
     else:
         versions = [r.asDict() for r in spark.read.format("delta").load(table.target.path).collect()]
     by_key: dict[int, list[dict]] = {}
-    for version in versions:
+    for version in sorted(versions, key=lambda v: v["_cdc_valid_from"]):
         by_key.setdefault(version["id"], []).append(version)
-    expected: dict[int, list[tuple]] = {}  # per key: (v, n) of each non-delete event in position order
-    ordered: dict[int, list[Event]] = {}
-    for event in sorted(events, key=lambda e: e.seq):
-        ordered.setdefault(event.key, []).append(event)
-    for key, key_events in ordered.items():
-        expected[key] = [(e.row["v"], e.row["n"]) for e in key_events if e.op != "d"]
-    assert {k: [(v["v"], v["n"]) for v in sorted(vs, key=lambda v: v["_cdc_valid_from"])]
-            for k, vs in by_key.items()} == {k: v for k, v in expected.items() if v}
+    return by_key
+
+
+def assert_versions_are_the_reference(by_key: dict[int, list[dict]], events: list[Event]) -> None:
+    """Every kept event (``reference_versions``) but a delete is a version, in position order; each
+    version is valid until the key's next kept event; one current version per live key, none else."""
+    kept = reference_versions(events)
+    expected = {k: [(e.row["v"], e.row["n"], e.row.get("x")) for e in chain if e.op != "d"]
+                for k, chain in kept.items()}
+    assert {k: [(v["v"], v["n"], v.get("x")) for v in vs] for k, vs in by_key.items()} == {
+        k: v for k, v in expected.items() if v}
     for key, key_versions in by_key.items():
-        key_versions.sort(key=lambda v: v["_cdc_valid_from"])
-        last = ordered[key][-1] if key in ordered else None
         currents = [v for v in key_versions if v["_cdc_current"]]
-        assert len(currents) == (0 if last is None or max(ordered[key], key=lambda e: e.seq).op == "d" else 1)
+        assert len(currents) == (0 if kept[key][-1].op == "d" else 1)
+        assert all((v["_cdc_valid_to"] is None) == v["_cdc_current"] for v in key_versions)
         for earlier, later in itertools.pairwise(key_versions):
             assert earlier["_cdc_valid_to"] is not None and earlier["_cdc_valid_to"] <= later["_cdc_valid_from"]
-    assert set(by_key) <= {e.key for e in events}
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**31), length=st.integers(1, 30), max_records=st.integers(1, 12))
+def test_scd2_keeps_every_version(spark, broker, writer, tmp_path, seed, length, max_records):
+    events, table = check_history(spark, broker, writer, tmp_path, "postgresql", seed, length, 2, max_records,
+                                  mode="scd2")
+    assert_versions_are_the_reference(scd2_versions(spark, writer, table), events)
+
+
+COLUMNS = {"id": "bigint", "v": "string", "n": "bigint"}
+
+
+def test_scd2_an_event_not_newer_than_the_key_s_latest_changes_nothing(spark, broker, writer, tmp_path):
+    """Late reads (older positions) in later batches, and in the same batch after a newer change,
+    add no version: never a second current version, the history keeps its order."""
+    topic = new_topic(broker, "dbserver1.s.t")
+    table = replace(captured_table(topic, tmp_path, columns=COLUMNS), apply_mode="scd2")
+    rng = random.Random(0)
+
+    def row(key, v, n):
+        return {"id": key, "v": v, "n": n}
+
+    batches = [
+        [Event(100, "c", 1, row(1, "a", 100)), Event(200, "u", 1, row(1, "b", 200)),
+         Event(100, "c", 2, row(2, "a", 100)), Event(300, "d", 2, row(2, "a", 100))],
+        [Event(150, "r", 1, row(1, "a", 100)), Event(150, "r", 2, row(2, "a", 100))],  # older than 200 and 300
+        [Event(400, "u", 1, row(1, "c", 400)), Event(250, "r", 1, row(1, "b", 200))],  # the read after 400
+    ]
+    for batch in batches:
+        produce(broker, topic, records(batch, "postgresql", rng))
+        run_batch(spark, broker, writer, table)
+    by_key = scd2_versions(spark, writer, table)
+    assert [(v["v"], v["_cdc_current"]) for v in by_key[1]] == [("a", False), ("b", False), ("c", True)]
+    assert [(v["v"], v["_cdc_current"]) for v in by_key[2]] == [("a", False)]
+    assert_versions_are_the_reference(by_key, [e for batch in batches for e in batch])
+    assert writer.key_report(table.target, ("id",)).duplicate_keys == 0
+
+
+def test_a_topic_whose_head_is_only_tombstones_starts_the_table(spark, broker, writer, tmp_path):
+    """Batches of tombstones only before the table exists: their offsets are carried into the first
+    commit that has rows, so the table starts (a compacted topic after mass deletes)."""
+    topic = new_topic(broker, "dbserver1.s.t")
+    table = captured_table(topic, tmp_path, columns=COLUMNS)
+    produce(broker, topic, records([Event(10, "c", 1, {"id": 1, "v": "a", "n": 10})], "postgresql",
+                                   random.Random(0), tombstone_head=5))
+    report = run_batch(spark, broker, writer, table, max_records=2)
+    assert read_rows(spark, writer, table) == {(1,): {"id": 1, "v": "a", "n": 10}}
+    assert writer.read_progress(table.target, table.app_id).offsets == {0: 6}
+    assert report.tombstones == 5 and report.raw.start_offsets == {0: 0} and report.raw.end_offsets == {0: 6}
+
+
+@pytest.mark.parametrize("mode", ["scd1", "soft_delete", "scd2"])
+def test_a_column_in_value_schemas_before_the_schema_change_job_is_added_by_the_merge(spark, broker, writer,
+                                                                                     tmp_path, mode):
+    topic = new_topic(broker, "dbserver1.s.t")
+    table = replace(captured_table(topic, tmp_path), apply_mode=mode)
+    rng = random.Random(0)
+    produce(broker, topic, records([Event(10, "c", 1, {"id": 1, "v": "a"})], "postgresql", rng, schemas=True))
+    run_batch(spark, broker, writer, table)
+    produce(broker, topic, records([Event(20, "c", 2, {"id": 2, "v": "b", "x": 7}),
+                                    Event(30, "u", 1, {"id": 1, "v": "c", "x": 8})], "postgresql", rng, schemas=True))
+    run_batch(spark, broker, writer, table)
+    if mode == "scd2":
+        versions = scd2_versions(spark, writer, table)
+        assert {k: [(v["v"], v["x"], v["_cdc_current"]) for v in vs] for k, vs in versions.items()} == {
+            1: [("a", None, False), ("c", 8, True)], 2: [("b", 7, True)]}
+    else:
+        rows = read_rows(spark, writer, table)
+        assert {k[0]: (r["v"], r["x"]) for k, r in rows.items()} == {1: ("c", 8), 2: ("b", 7)}
 
 
 def mongo_history(rng: random.Random, length: int, docs: int = 4) -> tuple[list[tuple[int, str, dict]], dict]:

@@ -1,5 +1,6 @@
 """Transaction-consistent merges, the transaction log, the watermark and the transaction sensor."""
 
+import itertools
 import json
 from dataclasses import replace
 
@@ -21,18 +22,23 @@ from cdc_assets.io.transactions import (
 )
 from tests.conftest import new_topic, produce, read_rows, run_batch
 
+_LSN = itertools.count(53_195_829)
+
 
 def tx_event(status, tx_id, collections=None):
-    body = {"status": status, "id": tx_id, "ts_ms": 1_700_000_000_000, "event_count": None,
+    """A BEGIN or END of PostgreSQL transaction ``tx_id`` (its txID) as Debezium writes it: the id is
+    ``txID:LSN`` with the LSN of the event itself, so BEGIN and END ids differ (seed 001)."""
+    body = {"status": status, "id": f"{tx_id}:{next(_LSN)}", "ts_ms": 1_700_000_000_000, "event_count": None,
             "data_collections": None}
     if status == "END":
         body["event_count"] = sum(collections.values())
         body["data_collections"] = [{"data_collection": c, "event_count": n} for c, n in collections.items()]
-    return encode_key({"id": tx_id}), json.dumps(body).encode()
+    return encode_key({"id": body["id"]}), json.dumps(body).encode()
 
 
 def change(table, key, value, lsn, tx_id=None, order=1):
-    transaction = {"id": tx_id, "total_order": order, "data_collection_order": order} if tx_id else None
+    """A create in PostgreSQL transaction ``tx_id``: its id carries the event's own LSN."""
+    transaction = {"id": f"{tx_id}:{lsn}", "total_order": order, "data_collection_order": order} if tx_id else None
     source = postgres_source(lsn, 1_700_000_000_000 + lsn, "s", table)
     return encode_key({"id": key}), envelope("c", None, {"id": key, "v": value}, source, lsn, transaction)
 
@@ -44,7 +50,8 @@ class Connector:
         self.prefix = new_topic(broker, "txdb").replace(".", "_")
         self.tx_topic = new_topic_named(broker, f"{self.prefix}.transaction")
         self.topics = {name: new_topic_named(broker, f"{self.prefix}.s.{name}") for name in ("a", "b")}
-        log = TransactionLog(self.tx_topic, DeltaTarget(str(tmp_path / "_cdc_assets" / "transactions")))
+        log = TransactionLog(self.tx_topic, DeltaTarget(str(tmp_path / "_cdc_assets" / "transactions")),
+                             "postgresql")
         self.watermarks = DeltaTarget(str(tmp_path / "_cdc_assets" / "watermarks"))
         self.tables = {name: CapturedTable("txdb", "postgresql", self.prefix, f"s.{name}", topic,
                                            DeltaTarget(str(tmp_path / name)), transaction_log=log,
@@ -72,42 +79,42 @@ def ids(spark, writer, table):
 
 def test_a_transaction_over_two_tables_appears_in_both_only_after_its_end(spark, broker, writer, tmp_path):
     c = Connector(broker, tmp_path)
-    produce(broker, c.tx_topic, [tx_event("BEGIN", "tx1")])
-    produce(broker, c.topics["a"], [change("a", 1, "x", 10), change("a", 2, "x", 11, "tx2")])  # 1: no tx
-    produce(broker, c.topics["a"], [change("a", 3, "t1", 12, "tx1")])
-    produce(broker, c.topics["b"], [change("b", 7, "t1", 13, "tx1")])
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "571")])
+    produce(broker, c.topics["a"], [change("a", 1, "x", 10), change("a", 2, "x", 11, "572")])  # 1: no tx
+    produce(broker, c.topics["a"], [change("a", 3, "t1", 12, "571")])
+    produce(broker, c.topics["b"], [change("b", 7, "t1", 13, "571")])
 
     first = run_batch(spark, broker, writer, c.tables["a"])
     # Neither tx1 nor tx2 has an END yet: the batch stops before tx2; event 1 (no transaction) is applied.
     assert ids(spark, writer, c.tables["a"]) == [1]
-    assert first.transactions["waiting"] == {"tx1": {"seen": 1, "expected": None},
-                                             "tx2": {"seen": 1, "expected": None}}
-    produce(broker, c.tx_topic, [tx_event("BEGIN", "tx2"), tx_event("END", "tx2", {"s.a": 1})])
+    assert first.transactions["waiting"] == {"571": {"seen": 1, "expected": None},
+                                             "572": {"seen": 1, "expected": None}}
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "572"), tx_event("END", "572", {"s.a": 1})])
     run_batch(spark, broker, writer, c.tables["a"])
     assert ids(spark, writer, c.tables["a"]) == [1, 2]  # tx1 still open: 3 waits
     assert run_batch(spark, broker, writer, c.tables["b"]).outcome is None
     assert not DeltaTable.is_deltatable(c.tables["b"].target.path)
 
-    produce(broker, c.tx_topic, [tx_event("END", "tx1", {"s.a": 1, "s.b": 1})])
+    produce(broker, c.tx_topic, [tx_event("END", "571", {"s.a": 1, "s.b": 1})])
     run_batch(spark, broker, writer, c.tables["a"])
     assert ids(spark, writer, c.tables["a"]) == [1, 2, 3]
     assert ids(spark, writer, c.tables["b"]) == []  # b has not run since the END: still without tx1
     run_batch(spark, broker, writer, c.tables["b"])
     assert ids(spark, writer, c.tables["b"]) == [7]
     watermark = c.watermark()
-    assert watermark["transaction_id"] == "tx1"
+    assert watermark["transaction_id"].startswith("571:")  # the END's own id
     tx_id, versions = consistent_versions(c.watermarks, "txdb")
-    assert tx_id == "tx1" and versions == {"s.a": DeltaTable(c.tables["a"].target.path).version(),
+    assert tx_id == watermark["transaction_id"] and versions == {"s.a": DeltaTable(c.tables["a"].target.path).version(),
                                            "s.b": DeltaTable(c.tables["b"].target.path).version()}
 
 
 def test_a_transaction_split_across_batches_is_applied_whole(spark, broker, writer, tmp_path):
     c = Connector(broker, tmp_path)
-    produce(broker, c.tx_topic, [tx_event("BEGIN", "big")])
-    produce(broker, c.topics["a"], [change("a", k, "big", 20 + k, "big", k) for k in range(3)])
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "573")])
+    produce(broker, c.topics["a"], [change("a", k, "573", 20 + k, "573", k) for k in range(3)])
     assert run_batch(spark, broker, writer, c.tables["a"]).outcome is None  # END not seen: nothing
-    produce(broker, c.topics["a"], [change("a", k, "big", 20 + k, "big", k) for k in range(3, 5)])
-    produce(broker, c.tx_topic, [tx_event("END", "big", {"s.a": 5})])
+    produce(broker, c.topics["a"], [change("a", k, "573", 20 + k, "573", k) for k in range(3, 5)])
+    produce(broker, c.tx_topic, [tx_event("END", "573", {"s.a": 5})])
     report = run_batch(spark, broker, writer, c.tables["a"])
     assert report.transactions["applied"] == 1 and ids(spark, writer, c.tables["a"]) == [0, 1, 2, 3, 4]
 
@@ -126,15 +133,15 @@ connectors:
     prefix = new_topic(broker, "recon").replace(".", "_")
     tx_topic = new_topic_named(broker, f"{prefix}.transaction")
     topics = {n: new_topic_named(broker, f"{prefix}.s.{n}") for n in ("a", "b")}
-    produce(broker, tx_topic, [tx_event("BEGIN", "short"), tx_event("END", "short", {"s.a": 3})])
-    produce(broker, topics["a"], [change("a", k, "v", 30 + k, "short", k) for k in range(2)])
+    produce(broker, tx_topic, [tx_event("BEGIN", "574"), tx_event("END", "574", {"s.a": 3})])
+    produce(broker, topics["a"], [change("a", k, "v", 30 + k, "574", k) for k in range(2)])
     defs = build_definitions(parse_config(config.replace("PREFIX", prefix)))
     with DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
         evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
     failed = evaluations[("a", "transactions_reconciled")]
-    assert not failed.passed and failed.metadata["incomplete_transactions"].value == ["short"]
-    assert "transaction short: END announces 3 events for s.a, the topic holds 2" in failed.description
+    assert not failed.passed and failed.metadata["incomplete_transactions"].value == ["574"]
+    assert "transaction 574: END announces 3 events for s.a, the topic holds 2" in failed.description
     assert evaluations[("b", "transactions_reconciled")].passed
 
 
@@ -143,8 +150,8 @@ def test_sensor_batches_transactions_into_one_run_and_never_twice(broker, tmp_pa
     tx_topic = new_topic_named(broker, f"{prefix}.transaction")
     events = []
     for n in range(20):
-        events += [tx_event("BEGIN", f"t{n}"), tx_event("END", f"t{n}", {"s.a" if n % 2 else "s.b": 1})]
-    events.append(tx_event("BEGIN", "open"))
+        events += [tx_event("BEGIN", str(600 + n)), tx_event("END", str(600 + n), {"s.a" if n % 2 else "s.b": 1})]
+    events.append(tx_event("BEGIN", "576"))
     produce(broker, tx_topic, events)
     config = f"""\
 kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
@@ -163,14 +170,14 @@ connectors:
         [request] = first.run_requests
         assert request.run_key == f"transactions:{tx_topic}:0:1-39"
         assert sorted(k.path[-1] for k in request.asset_selection) == ["a", "b"]
-        assert json.loads(first.cursor) == {"offsets": {"0": 41}, "open": ["open"]}
+        assert json.loads(first.cursor) == {"offsets": {"0": 41}, "open": ["576"]}
         again = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
         assert again.run_requests == []
-        produce(broker, tx_topic, [tx_event("END", "open", {"s.c": 2}), tx_event("END", "ghost", {"s.a": 1})])
+        produce(broker, tx_topic, [tx_event("END", "576", {"s.c": 2}), tx_event("END", "577", {"s.a": 1})])
         third = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
         assert [k.path[-1] for k in third.run_requests[0].asset_selection] == ["c"]
         assert json.loads(third.cursor)["offsets"] == {"0": 42}  # stopped before the END without BEGIN
-        with pytest.raises(Exception, match=rf"{tx_topic} partition 0 offset 42: END of transaction ghost "
+        with pytest.raises(Exception, match=rf"{tx_topic} partition 0 offset 42: END of transaction 577:\d+ "
                                             "without a BEGIN"):
             sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=third.cursor, definitions=defs))
 
@@ -185,8 +192,8 @@ def test_bad_transaction_events_name_their_offset(broker, tmp_path, value, messa
     from cdc_assets.io.kafka_source import KafkaSource
 
     topic = new_topic(broker, "badtx.transaction")
-    produce(broker, topic, [tx_event("BEGIN", "x"), (b"{}", value)])
-    log = TransactionLog(topic, DeltaTarget(str(tmp_path / "log")))
+    produce(broker, topic, [tx_event("BEGIN", "578"), (b"{}", value)])
+    log = TransactionLog(topic, DeltaTarget(str(tmp_path / "log")), "postgresql")
     source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "tx-tests"})
     try:
         with pytest.raises(TransactionLogError, match=rf"{topic} partition 0 offset 1: .*{message}"):
@@ -206,8 +213,74 @@ def test_a_transaction_larger_than_a_batch_is_a_clear_error(spark, broker, write
     from cdc_assets.pipeline import BatchTooSmallError
 
     c = Connector(broker, tmp_path)
-    produce(broker, c.tx_topic, [tx_event("BEGIN", "huge"), tx_event("END", "huge", {"s.a": 6})])
-    produce(broker, c.topics["a"], [change("a", k, "h", 40 + k, "huge", k) for k in range(6)])
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "575"), tx_event("END", "575", {"s.a": 6})])
+    produce(broker, c.topics["a"], [change("a", k, "h", 40 + k, "575", k) for k in range(6)])
     with pytest.raises(BatchTooSmallError, match="do not fit in a batch of 4 records"):
         run_batch(spark, broker, writer, c.tables["a"], max_records=4)
     assert run_batch(spark, broker, writer, c.tables["a"], max_records=10).transactions["applied"] == 1
+
+
+def test_two_concurrent_ingests_append_each_transaction_event_once(broker, tmp_path):
+    """Two ingests that read the same new events before either commits (the tables of one connector
+    run in different pools): one appends them, the other adds nothing."""
+    import threading
+
+    from cdc_assets.io.kafka_source import KafkaSource
+
+    topic = new_topic(broker, "conc.transaction")
+    produce(broker, topic, [tx_event("BEGIN", "1"), tx_event("END", "1", {"s.a": 1})])
+    log = TransactionLog(topic, DeltaTarget(str(tmp_path / "log")), "postgresql")
+    both_read = threading.Barrier(2, timeout=60)
+
+    class ReadTogether(KafkaSource):
+        """A real source whose first read waits until the other ingest has read too."""
+
+        waited = False
+
+        def read_batch(self, *args, **kwargs):
+            batch = super().read_batch(*args, **kwargs)
+            if not self.waited:
+                self.waited = True
+                both_read.wait()
+            return batch
+
+    added: list[object] = []
+
+    def ingest() -> None:
+        source = ReadTogether({"bootstrap.servers": broker.bootstrap_servers, "group.id": "tx-conc"})
+        try:
+            added.append(ingest_transactions(source, log))
+        except Exception as exc:
+            added.append(exc)
+        finally:
+            source.close()
+
+    threads = [threading.Thread(target=ingest) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(added) == [0, 2]
+    rows = DeltaTable(log.target.path).to_pyarrow_table().to_pylist()
+    assert sorted((r["status"], r["offset"]) for r in rows) == [("BEGIN", 0), ("END", 1)]
+
+
+def test_a_batch_waiting_for_an_end_not_ingested_yet_waits_instead_of_blaming_the_batch_limits(spark, broker,
+                                                                                               writer, tmp_path):
+    """The first transaction's END is not in the log yet: the batch applies nothing and says what it
+    waits for (no BatchTooSmallError, whose advice to raise the limits would be wrong); once the END
+    is there, a batch too small for the transaction is the clear error, and a large enough one applies it."""
+    from cdc_assets.pipeline import BatchTooSmallError
+
+    c = Connector(broker, tmp_path)
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "7:70")])
+    produce(broker, c.topics["a"], [change("a", k, "o", 70 + k, "7:70", k) for k in range(6)])
+    report = run_batch(spark, broker, writer, c.tables["a"], max_records=4)
+    assert report.outcome is None and report.raw.end_offsets == report.raw.start_offsets
+    assert list(report.transactions["waiting"].values()) == [{"seen": 4, "expected": None}]
+    produce(broker, c.tx_topic, [tx_event("END", "7:70", {"s.a": 6})])
+    with pytest.raises(BatchTooSmallError, match=r"'seen': 4, 'expected': 6.*do not fit in a batch of 4 "
+                                                 r"records.*Raise the batch limits"):
+        run_batch(spark, broker, writer, c.tables["a"], max_records=4)
+    assert run_batch(spark, broker, writer, c.tables["a"], max_records=10).transactions["applied"] == 1
+    assert ids(spark, writer, c.tables["a"]) == list(range(6))

@@ -3,7 +3,9 @@
 Input: a DataFrame of Kafka records ``partition, offset, key, value`` (tombstones already
 removed), the value parsed as ``value_type(layout)`` by Spark's JSON reader (``io.spark``).
 Output: one row per event with the table's columns, the hidden ``_cdc_*`` columns, the Kafka
-coordinates and ``_cdc_error``: the reason an event cannot be applied, or null.
+coordinates and ``_cdc_error``: the reason an event cannot be applied, or null. Where the layout has
+columns that can carry the connector's unavailable-value placeholder (PostgreSQL unchanged TOAST),
+such a column is null in an event that carries the placeholder, and ``_cdc_unavailable`` lists it.
 
 Values are accepted with or without the JSON converter's ``schema``/``payload`` wrapper, decided
 per event. Row columns are read as JSON text and then converted (``core.types``), so numbers sent
@@ -24,6 +26,7 @@ from cdc_assets.core.layout import (
     OP_COLUMN,
     POSITION_COLUMN,
     SOURCE_TS_COLUMN,
+    UNAVAILABLE_COLUMN,
     ChangeEventLayout,
 )
 from cdc_assets.core.position import POSITION_FIELDS, event_position
@@ -35,7 +38,8 @@ ERROR_COLUMN = "_cdc_error"
 SNAPSHOT_COLUMN = "_cdc_snapshot"
 PATCH_COLUMN = "_cdc_patch"  # MongoDB only
 TRANSACTION_COLUMN = "_cdc_transaction_id"
-KNOWN_OPS = ("c", "u", "d", "r")
+KNOWN_OPS = ("c", "u", "d", "r", "t")
+TRUNCATE_OP = "t"  # one per table, no key and no row: the table policy (on_truncate) decides
 
 TRANSACTION_TYPE = T.StructType([T.StructField("id", T.StringType())])
 
@@ -167,6 +171,8 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
 
     columns: dict[str, Column] = {}
     typed_failures: list[Column] = []
+    unavailable: list[Column] = []
+    unavailable_tests = layout.unavailable_tests
     mongodb = layout.kind == "mongodb"
     if mongodb:
         columns[MONGODB_DOCUMENT_COLUMN] = F.when(op != "d", env["after"])
@@ -179,10 +185,20 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
             text = image[field.name]
             value = convert(text, layout.column_type(field.name))
             columns[field.name] = value
+            test = unavailable_tests.get(field.name)
+            if test is not None:
+                # The placeholder means "unchanged": never a value (the fold and the pipeline carry the real one).
+                flag = F.coalesce(test(text), F.lit(False))
+                unavailable.append(F.when(flag, F.lit(field.name)))
+                columns[field.name] = F.when(~flag, value)
             if not is_nested(field.dataType):
+                # A decimal refuses a value it would round; a declared string column keeps any value exactly.
+                exactly = (" exactly (declare the column 'string' in the table's columns config to keep such "
+                           "values as exact text)" if isinstance(field.dataType, T.DecimalType) else "")
                 typed_failures.append(
                     F.when(text.isNotNull() & value.isNull(),
-                           F.lit(f"column '{field.name}' value does not fit type {field.dataType.simpleString()}"))
+                           F.lit(f"column '{field.name}' value does not fit type {field.dataType.simpleString()}"
+                                 f"{exactly}"))
                 )
     key_fields = {field.name: field.dataType for field in _as_parsed(layout.key_type).fields}
     row_columns = set(layout.row_type.fieldNames()) if layout.kind != "mongodb" else set()
@@ -205,7 +221,7 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
         F.when(~F.col("_env_is_object"), F.lit("value is not a JSON object"))
         .when(op.isNull(), F.lit("envelope has no 'op' field"))
         .when(~op.isin(*KNOWN_OPS), F.concat(F.lit("unknown op '"), op, F.lit("'")))
-        .when(missing_key, F.lit(f"cannot extract key column(s) {list(layout.key_columns)} "
+        .when(missing_key & (op != TRUNCATE_OP), F.lit(f"cannot extract key column(s) {list(layout.key_columns)} "
                                  "from the record key or the row image"))
         .when(needs_after, after_problem)
         .otherwise(F.coalesce(*typed_failures) if typed_failures else F.lit(None).cast("string"))
@@ -220,5 +236,6 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
         F.timestamp_millis(source["ts_ms"].try_cast("long")).alias(SOURCE_TS_COLUMN),
         F.lower(source["snapshot"]).alias(SNAPSHOT_COLUMN),
         env["transaction"]["id"].alias(TRANSACTION_COLUMN),
+        *([F.array_compact(F.array(*unavailable)).alias(UNAVAILABLE_COLUMN)] if unavailable else []),
         error.alias(ERROR_COLUMN),
     )

@@ -18,11 +18,17 @@ from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from cdc_assets.core.envelope import ERROR_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, SNAPSHOT_COLUMN
-from cdc_assets.core.layout import OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN, ChangeEventLayout
+from cdc_assets.core.envelope import ERROR_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, SNAPSHOT_COLUMN, TRUNCATE_OP
+from cdc_assets.core.layout import (
+    OP_COLUMN,
+    POSITION_COLUMN,
+    SOURCE_TS_COLUMN,
+    UNAVAILABLE_COLUMN,
+    ChangeEventLayout,
+)
 
 _COUNTS = {
     "_n_create": "c",
@@ -32,34 +38,63 @@ _COUNTS = {
 }
 _N_INCREMENTAL = "_n_incremental_read"
 _N_BAD = "_n_bad"
+_N_TRUNCATE = "_n_truncate"
 _MAX_TS = "_max_source_ts"
 _MAX_INCREMENTAL_TS = "_max_incremental_read_ts"
-STAT_COLUMNS = (*_COUNTS, _N_INCREMENTAL, _N_BAD, _MAX_TS, _MAX_INCREMENTAL_TS)
+STAT_COLUMNS = (*_COUNTS, _N_INCREMENTAL, _N_TRUNCATE, _N_BAD, _MAX_TS, _MAX_INCREMENTAL_TS)
 
 
 def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
-    """Per key: the target columns of the latest good event (null if none) and the key's statistics."""
+    """Per key: the target columns of the latest good event (null if none) and the key's statistics.
+
+    A column the latest event left unavailable (the placeholder: unchanged) takes the value of the
+    key's latest good event that carried one; where no event of the batch did, it is null and the
+    row's ``_cdc_unavailable`` lists it, for the pipeline to keep the value the table holds."""
     target_columns = layout.target_type.fieldNames()
     carried = [name for name in target_columns if name not in layout.key_columns]
+    unavailable = [name for name in layout.unavailable_tests if name in carried]
     good = F.col(ERROR_COLUMN).isNull()
     op = F.col(OP_COLUMN)
     incremental = good & (op == "r") & (F.col(SNAPSHOT_COLUMN) == "incremental")
+    truncate = op == TRUNCATE_OP  # keyless: counted, never a row
+    if unavailable:
+        left = F.col(UNAVAILABLE_COLUMN)
+        # Per such column, the latest event that knew it (a struct: a known null is not "unknown").
+        known = [F.max_by(F.struct(F.col(name)), F.when(good & ~F.array_contains(left, name), F.col(POSITION_COLUMN)))
+                 .alias(f"_known_{index}") for index, name in enumerate(unavailable)]
+    else:
+        known = []
     # Only counts and max/max_by here: a collecting aggregate (collect_list) would switch the whole
     # aggregation to Spark's object-hash path, which falls back to sorting after 128 keys (3x slower).
     folded = events.groupBy(*layout.key_columns).agg(
         # max_by ignores null orderings: bad events never win.
-        F.max_by(F.struct(*carried), F.when(good, F.col(POSITION_COLUMN))).alias("_latest"),
+        F.max_by(F.struct(*carried, *([UNAVAILABLE_COLUMN] if unavailable else [])),
+                 F.when(good & ~truncate, F.col(POSITION_COLUMN))).alias("_latest"),
+        *known,
         *[F.count_if(good & (op == code)).alias(name) for name, code in _COUNTS.items()],
         F.count_if(incremental).alias(_N_INCREMENTAL),
+        F.count_if(good & truncate).alias(_N_TRUNCATE),
         F.count_if(~good).alias(_N_BAD),
         F.max(F.when(good, F.col(SOURCE_TS_COLUMN))).alias(_MAX_TS),
         F.max(F.when(incremental, F.col(SOURCE_TS_COLUMN))).alias(_MAX_INCREMENTAL_TS),
     )
+    latest = F.col("_latest")
+    values = {name: latest[name] for name in carried}
+    extra: list[Column] = []
+    if unavailable:
+        deleted = latest[OP_COLUMN] == "d"
+        still: list[Column] = []
+        for index, name in enumerate(unavailable):
+            was_left = F.coalesce(F.array_contains(latest[UNAVAILABLE_COLUMN], name), F.lit(False)) & ~deleted
+            values[name] = F.when(was_left, F.col(f"_known_{index}")[name]).otherwise(latest[name])
+            still.append(F.when(was_left & F.col(f"_known_{index}").isNull(), F.lit(name)))
+        extra.append(F.array_compact(F.array(*still)).alias(UNAVAILABLE_COLUMN))
     return folded.select(
         *layout.key_columns,
-        *[F.col("_latest")[name].alias(name) for name in carried],
+        *[column.alias(name) for name, column in values.items()],
+        *extra,
         *STAT_COLUMNS,
-    ).select(*target_columns, *STAT_COLUMNS)
+    ).select(*target_columns, *([UNAVAILABLE_COLUMN] if unavailable else []), *STAT_COLUMNS)
 
 
 @dataclass(frozen=True, order=True)
@@ -85,6 +120,11 @@ class BatchSummary:
     max_source_ts: datetime | None
     median_key_source_ts: datetime | None  # median over keys of each key's newest change
     bad_events: tuple[BadEvent, ...]
+    # Values the batch left unavailable (the placeholder, no event of the batch knew them), per row and
+    # column: kept from the table's row, or null where the table had none (the row was never captured).
+    unavailable_kept: int = 0
+    unavailable_never_seen: int = 0
+    truncates: tuple[BadEvent, ...] = ()  # TRUNCATE events (reason: the table's name), ordered by offset
 
 
 def _median_timestamp(values: pa.ChunkedArray) -> datetime | None:
@@ -102,6 +142,14 @@ def bad_events(events: DataFrame) -> tuple[BadEvent, ...]:
     return tuple(sorted(BadEvent(*row) for row in rows.collect()))
 
 
+def truncate_events(events: DataFrame) -> tuple[BadEvent, ...]:
+    """The TRUNCATE events of decoded ``events``, ordered by offset: a second pass, taken only when the
+    fold counted some."""
+    rows = events.where(F.col(ERROR_COLUMN).isNull() & (F.col(OP_COLUMN) == TRUNCATE_OP)).select(
+        OFFSET_COLUMN, PARTITION_COLUMN)
+    return tuple(sorted(BadEvent(offset, partition, "TRUNCATE") for offset, partition in rows.collect()))
+
+
 def fold_batch(events: DataFrame, layout: ChangeEventLayout) -> tuple[pa.Table, BatchSummary]:
     """The rows to MERGE (keys with a good event, as Arrow) and the batch summary of decoded ``events``."""
     folded = fold_events(events, layout).toArrow()
@@ -111,8 +159,9 @@ def fold_batch(events: DataFrame, layout: ChangeEventLayout) -> tuple[pa.Table, 
 
     counts = {name: total(name) for name in _COUNTS}
     bad = bad_events(events) if total(_N_BAD) else ()
+    truncates = truncate_events(events) if total(_N_TRUNCATE) else ()
     summary = BatchSummary(
-        events=sum(counts.values()) + len(bad),
+        events=sum(counts.values()) + len(truncates) + len(bad),
         creates=counts["_n_create"],
         updates=counts["_n_update"],
         deletes=counts["_n_delete"],
@@ -122,6 +171,7 @@ def fold_batch(events: DataFrame, layout: ChangeEventLayout) -> tuple[pa.Table, 
         max_source_ts=pc.max(folded[_MAX_TS]).as_py() if folded.num_rows else None,
         median_key_source_ts=_median_timestamp(folded[_MAX_TS]),
         bad_events=bad,
+        truncates=truncates,
     )
     rows = folded.filter(pc.is_valid(folded[OP_COLUMN])).drop_columns(list(STAT_COLUMNS))
     return rows, summary

@@ -8,19 +8,27 @@
 - close markers (``_merge_kind = 'close'``), one per key, carrying the key's first position in the
   batch: the MERGE ends the table's current version of that key there, when it is older.
 A delete produces no version: it ends the previous one.
+
+Reads are position-guarded as in the other modes: an event not newer than the key's latest position
+(in the table, ``latest_positions``, or earlier in the topic) changes nothing, so a late event (an
+incremental-snapshot read, an older event in a later batch) neither adds a second current version
+nor reorders the history, whichever batch it arrives in.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window
+from collections.abc import Sequence
+
+from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
-from cdc_assets.core.envelope import ERROR_COLUMN
+from cdc_assets.core.envelope import ERROR_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN
 from cdc_assets.core.layout import (
     CURRENT_COLUMN,
     OP_COLUMN,
     POSITION_COLUMN,
     SOURCE_TS_COLUMN,
+    UNAVAILABLE_COLUMN,
     VALID_FROM_COLUMN,
     VALID_FROM_TS_COLUMN,
     VALID_TO_COLUMN,
@@ -31,23 +39,59 @@ from cdc_assets.core.layout import (
 KIND_COLUMN = "_merge_kind"
 CLOSE_AT_COLUMN = "_merge_close_at"
 CLOSE_TS_COLUMN = "_merge_close_ts"
+LATEST_COLUMN = "_merge_latest"
 
 
-def history_versions(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
-    """Version rows and per-key close markers for an SCD2 MERGE (bad events excluded)."""
+def latest_positions(versions: DataFrame, key_columns: Sequence[str]) -> DataFrame:
+    """Per key, the latest position a table's versions hold: the current version's start, or the end
+    of the last closed one (its delete's position)."""
+    ends = F.greatest(F.col(VALID_FROM_COLUMN), F.coalesce(F.col(VALID_TO_COLUMN), F.col(VALID_FROM_COLUMN)))
+    return versions.groupBy(*key_columns).agg(F.max(ends).alias(LATEST_COLUMN))
+
+
+def _carried_values(data: Sequence[str], layout: ChangeEventLayout, by_key: WindowSpec
+                    ) -> tuple[list[Column], list[str]]:
+    """The version rows' values: a column an event left unavailable (the placeholder: unchanged)
+    carries the previous version's value, the latest of the key's earlier events that knew it; where
+    none did, ``_cdc_unavailable`` lists it, for the pipeline to carry the table's current version's."""
+    unavailable = [name for name in layout.unavailable_tests if name in data]
+    if not unavailable:
+        return [F.col(name) for name in data], []
+    so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    known = {name: F.last(F.when(~F.array_contains(F.col(UNAVAILABLE_COLUMN), name), F.struct(F.col(name))),
+                          ignorenulls=True).over(so_far) for name in unavailable}
+    values = [known[name][name].alias(name) if name in known else F.col(name) for name in data]
+    still = F.array_compact(F.array(*[F.when(known[name].isNull(), F.lit(name)) for name in unavailable]))
+    return [*values, still.alias(UNAVAILABLE_COLUMN)], [UNAVAILABLE_COLUMN]
+
+
+def history_versions(events: DataFrame, layout: ChangeEventLayout, latest: DataFrame | None = None) -> DataFrame:
+    """Version rows and per-key close markers for an SCD2 MERGE (bad events excluded), from the
+    events newer than ``latest`` (``latest_positions`` of the table's versions of the batch's keys)
+    and than every event of their key before them in the topic."""
     keys = list(layout.key_columns)
     data = [name for name in layout.target_type.fieldNames() if not name.startswith("_cdc_")]
     good = events.where(F.col(ERROR_COLUMN).isNull())
+    before = Window.partitionBy(*keys).orderBy(PARTITION_COLUMN, OFFSET_COLUMN).rowsBetween(
+        Window.unboundedPreceding, -1)
+    newest_before = F.max(POSITION_COLUMN).over(before)
+    if latest is not None:
+        good = good.join(latest, keys, "left")
+        newest_before = F.greatest(newest_before, F.col(LATEST_COLUMN))  # greatest skips nulls
+    good = good.withColumn(LATEST_COLUMN, newest_before).where(
+        F.col(LATEST_COLUMN).isNull() | (F.col(POSITION_COLUMN) > F.col(LATEST_COLUMN)))
     by_key = Window.partitionBy(*keys).orderBy(POSITION_COLUMN)
+    values, left = _carried_values(data, layout, by_key)
     versions = (
         good.select(
-            *data, OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN,
+            *values, OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN,
             F.lead(POSITION_COLUMN).over(by_key).alias(VALID_TO_COLUMN),
             F.lead(SOURCE_TS_COLUMN).over(by_key).alias(VALID_TO_TS_COLUMN),
         )
         .where(F.col(OP_COLUMN) != "d")
         .select(
             *data,
+            *left,
             OP_COLUMN,
             F.col(POSITION_COLUMN).alias(VALID_FROM_COLUMN),
             F.col(SOURCE_TS_COLUMN).alias(VALID_FROM_TS_COLUMN),

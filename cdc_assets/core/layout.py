@@ -9,13 +9,14 @@ plus Spark *types*; no session is needed.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark.sql import Column
 from pyspark.sql import types as T
 
-from cdc_assets.core.types import ColumnType, UnknownLogicalType, column_type
+from cdc_assets.core.types import ColumnType, UnknownLogicalType, column_type, declared, unavailable_test
 
 # Hidden columns every target row carries (documented in the README).
 OP_COLUMN = "_cdc_op"
@@ -30,6 +31,10 @@ VALID_TO_COLUMN = "_cdc_valid_to"
 VALID_TO_TS_COLUMN = "_cdc_valid_to_ts"
 CURRENT_COLUMN = "_cdc_current"
 HIDDEN_COLUMNS: tuple[str, ...] = (OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN)
+# Decoded events and folded rows (never a table): the columns whose value an event left unavailable.
+UNAVAILABLE_COLUMN = "_cdc_unavailable"
+# Connector kinds that send unavailable.value.placeholder (PostgreSQL TOAST, Oracle LOBs).
+PLACEHOLDER_KINDS = ("postgresql", "oracle")
 def hidden_fields(apply_mode: str) -> tuple[T.StructField, ...]:
     """The hidden columns a table carries in an apply mode."""
     if apply_mode == "scd2":
@@ -69,6 +74,16 @@ class ChangeEventLayout:
     key_columns: tuple[str, ...]
     row_type: T.StructType
     logical_types: Mapping[str, ColumnType] = field(default_factory=dict)
+    placeholder: str | None = None  # the connector's unavailable.value.placeholder, for kinds that send it
+
+    @property
+    def unavailable_tests(self) -> dict[str, Callable[[Column], Column]]:
+        """Per row column that can carry the unavailable-value placeholder, its test (``core.types``)."""
+        if self.placeholder is None:
+            return {}
+        tests = {f.name: unavailable_test(f.dataType, self.placeholder) for f in self.row_type.fields
+                 if f.name not in self.key_columns}
+        return {name: test for name, test in tests.items() if test is not None}
 
     def column_type(self, name: str) -> ColumnType:
         """How column ``name`` is read (its logical type, else a plain cast to its Spark type)."""
@@ -158,11 +173,15 @@ def derive_layout(
     configured_keys: Sequence[str] | None = None,
     configured_columns: Mapping[str, str] | None = None,
     existing_row_type: T.StructType | None = None,
+    placeholder: str | None = None,
+    previous_keys: Sequence[str] = (),
 ) -> ChangeEventLayout:
     """Build a table's layout from sample records (newest last) plus config and the Delta schema.
 
     Priority for the row type: the newest value's Connect schema, then configured columns, then
-    the existing Delta table, each extended by what the sampled row images show.
+    the existing Delta table, each extended by what the sampled row images show. ``placeholder``:
+    the connector's unavailable.value.placeholder (kept for the kinds that send it); ``previous_keys``:
+    the key columns the table's last commit recorded, for a sample with no record key (TRUNCATE).
     """
     keys = [_loads(key) for key in sample_keys]
     values = [_loads(value) for value in sample_values]
@@ -172,6 +191,7 @@ def derive_layout(
             if isinstance(key, Mapping):
                 key_columns = key_columns_from_key(key)
                 break
+    key_columns = key_columns or tuple(previous_keys)  # keyless events only (TRUNCATE): the table's keys
     if not key_columns:
         raise LayoutError("record keys are absent or not JSON objects: set key_columns for this table")
     if kind == "mongodb":
@@ -183,7 +203,7 @@ def derive_layout(
 
     # Every distinct value schema in the sample, newest first: a column added or dropped within the
     # batch is kept either way.
-    row_type, logical_types = T.StructType([]), {}
+    row_type, logical_types = T.StructType([]), dict[str, ColumnType]()
     seen: set[str] = set()
     for value in reversed(values):
         if isinstance(value, Mapping) and isinstance(value.get("schema"), Mapping) and "payload" in value:
@@ -195,10 +215,17 @@ def derive_layout(
             row_type = merge_row_types(row_type, sample_type)
             logical_types = {**sample_logical, **logical_types}
     if configured_columns:
-        row_type = merge_row_types(row_type, parse_column_types(configured_columns))
+        configured = parse_column_types(configured_columns)
+        # A configured type overrides what a decimal's schema implies (e.g. string: exact text of any width).
+        overrides = {f.name: spec for f in configured.fields if f.name in logical_types
+                     and (spec := declared(logical_types[f.name], f.dataType)) is not None}
+        logical_types = {**logical_types, **overrides}
+        row_type = T.StructType([T.StructField(f.name, overrides[f.name].data_type) if f.name in overrides else f
+                                 for f in row_type.fields])
+        row_type = merge_row_types(row_type, configured)
     if existing_row_type is not None:
         row_type = merge_row_types(row_type, existing_row_type)
-    images = []
+    images: list[Mapping[str, Any]] = []
     for value in values:
         envelope = value.get("payload", value) if isinstance(value, Mapping) else None
         if isinstance(envelope, Mapping):
@@ -207,7 +234,8 @@ def derive_layout(
     row_type = merge_row_types(row_type, infer_row_type(images))
     if not row_type.fields:
         raise LayoutError("no event names any column: set columns for this table")
-    return ChangeEventLayout(kind, key_columns, row_type, logical_types)
+    return ChangeEventLayout(kind, key_columns, row_type, logical_types,
+                             placeholder if kind in PLACEHOLDER_KINDS else None)
 
 
 def _loads(raw: bytes | None) -> Any:

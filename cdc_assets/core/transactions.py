@@ -15,6 +15,20 @@ from dataclasses import dataclass
 from cdc_assets.core.envelope import json_payload
 
 
+def transaction_key(kind: str, transaction_id: str) -> str:
+    """What identifies a transaction of a connector ``kind``, given an id one of its events carries.
+
+    PostgreSQL ids are ``txID:LSN`` with the LSN of the event carrying the id, so one transaction's
+    BEGIN, data events and END carry different ids with the same txID part (seed 001: BEGIN
+    ``571:53195829``, END ``571:53195832``): the txID is the transaction. SQL Server and Db2 ids are the
+    commit LSN, the same on every event of the transaction (and made of colon-separated parts
+    themselves): the whole id is the transaction. The one rule every consumer of transaction ids uses.
+    """
+    if kind == "postgresql":
+        return transaction_id.split(":", 1)[0]
+    return transaction_id
+
+
 class TransactionEventError(ValueError):
     """A transaction-metadata event cannot be read."""
 

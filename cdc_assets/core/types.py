@@ -7,10 +7,11 @@ instead of losing it). Nested structs, arrays and maps are parsed as their Spark
 
 | Connect schema (``type`` / ``name``)                 | Spark / Delta type            |
 |-----------------------------------------------------|-------------------------------|
-| int8/16/32/64, float32/64, boolean, string           | bigint, double, boolean, string (wide-type policy) |
+| int8/16/32/64, float, double, boolean, string        | bigint, double, boolean, string (wide-type policy) |
 | bytes                                               | binary (base64 decoded)        |
-| org.apache.kafka.connect.data.Decimal               | decimal(38, scale)             |
-| io.debezium.data.VariableScaleDecimal               | decimal(38, 18)                |
+| org.apache.kafka.connect.data.Decimal, precision <= 38 (or absent: ``money``) | decimal(38, scale) |
+| org.apache.kafka.connect.data.Decimal, precision > 38 or scale outside 0..38 | string: the exact decimal text |
+| io.debezium.data.VariableScaleDecimal               | decimal(38, 18); a value it cannot hold exactly is a bad event |
 | io.debezium.time.Date, connect Date                 | date                           |
 | io.debezium.time.Timestamp / MicroTimestamp / NanoTimestamp, connect Timestamp | timestamp_ntz (wall clock) |
 | io.debezium.time.ZonedTimestamp                     | timestamp (UTC instant)        |
@@ -19,14 +20,35 @@ instead of losing it). Nested structs, arrays and maps are parsed as their Spark
 | io.debezium.time.Year                               | bigint                         |
 | io.debezium.data.Bits                               | binary                         |
 | io.debezium.time.MicroDuration / NanoDuration        | long                           |
-| any other logical name                              | refused: a clear error         |
+| any other logical name or type name                 | refused: a clear error         |
+
+The JSON converter names the 32- and 64-bit floating types ``float`` and ``double`` (``float32`` and
+``float64`` are the Java enum names, never written). Both become double: a ``real`` arrives as the
+shortest decimal text of its 32-bit value (``0.1``), and read as a double that text is the value
+PostgreSQL prints and a client reads (storing the 32-bit float would read back as
+``0.10000000149011612``). ``NaN``/``Infinity`` (double mode of ``decimal.handling.mode``) are kept.
+
+Decimals are exact or refused, never rounded: the unscaled value's digits are placed around the
+decimal point as text and cast at the column's own scale. Delta holds at most 38 digits, so a
+``numeric(p, s)`` with ``p > 38`` (or a scale Delta cannot hold) is stored as its exact decimal text.
+An unconstrained ``numeric`` (``VariableScaleDecimal``) is decimal(38, 18); a value with more than
+20 integer or 18 fractional digits is a bad event naming the column, never a rounded number. The
+table's ``columns`` config may set such a decimal column to ``string`` (exact text, any value) or to
+another ``decimal(p, s)``. ``decimal.handling.mode=string`` sends plain strings (``NAN`` and
+``POSITIVE_INFINITY``/``NEGATIVE_INFINITY`` for the special values) and ``double`` sends doubles;
+both are kept as sent. ``money`` is a Decimal of scale 2 (``money.fraction.digits``) with no
+precision: decimal(38, 2).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+from uuid import UUID
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -40,8 +62,8 @@ PRIMITIVES: dict[str, T.DataType] = {
     "int16": T.LongType(),
     "int32": T.LongType(),
     "int64": T.LongType(),
-    "float32": T.DoubleType(),
-    "float64": T.DoubleType(),
+    "float": T.DoubleType(),
+    "double": T.DoubleType(),
     "boolean": T.BooleanType(),
     "string": T.StringType(),
     "bytes": T.BinaryType(),
@@ -68,17 +90,121 @@ class ColumnType:
     scale: int = 0
 
 
-def _signed_big_endian_to_decimal(raw: Column, precision: int, scale: int) -> Column:
-    """Two's-complement big-endian bytes (up to 16) as ``decimal(precision, scale)``."""
+_MAX_DIGITS = 38  # the most digits a Delta (and Spark) decimal holds
+_VARIABLE_SCALE = 18  # decimal(38, 18) for unconstrained numeric: 20 integer and 18 fractional digits
+_TWO_TO_64 = "18446744073709551616"
+
+
+def _negative(hexed: Column) -> Column:
+    return F.substring(hexed, 1, 1) >= F.lit("8")
+
+
+def _ones_complement(hexed: Column) -> Column:
+    return F.translate(hexed, "0123456789abcdef", "fedcba9876543210")
+
+
+def _unscaled_digits(raw: Column) -> Column:
+    """Two's-complement big-endian bytes of up to 16 (every unscaled value of at most 38 digits) as
+    signed decimal digits; null for longer values, which cannot be held by a decimal(38, s)."""
     hexed = F.lower(F.hex(raw))
-    negative = F.substring(hexed, 1, 1) >= F.lit("8")
-    inverted = F.translate(hexed, "0123456789abcdef", "fedcba9876543210")
-    magnitude_hex = F.lpad(F.when(negative, inverted).otherwise(hexed), 32, "0")
+    negative = _negative(hexed)
+    # A negative value's magnitude is its one's complement plus one.
+    magnitude_hex = F.lpad(F.when(negative, _ones_complement(hexed)).otherwise(hexed), 32, "0")
     high = F.conv(F.substring(magnitude_hex, 1, 16), 16, 10).cast("decimal(38,0)")
     low = F.conv(F.substring(magnitude_hex, 17, 16), 16, 10).cast("decimal(38,0)")
-    magnitude = F.try_add(F.try_multiply(high, F.lit("18446744073709551616").cast("decimal(38,0)")), low)
-    unscaled = F.when(negative, -F.try_add(magnitude, F.lit(1).cast("decimal(38,0)"))).otherwise(magnitude)
-    return F.try_divide(unscaled, F.lit(str(10**scale)).cast("decimal(38,0)")).try_cast(T.DecimalType(precision, scale))
+    one = F.when(negative, F.lit(1)).otherwise(F.lit(0)).cast("decimal(38,0)")
+    magnitude = F.try_add(F.try_add(F.try_multiply(high, F.lit(_TWO_TO_64).cast("decimal(38,0)")), low), one)
+    # The sign as text: Spark's decimal negation rounds to 34 digits.
+    sign = F.when(negative, F.lit("-")).otherwise(F.lit(""))
+    return F.when(F.length(hexed) <= 32, F.concat(sign, magnitude.cast("string")))
+
+
+_LIMB = 10**9  # base of the limbs (little-endian) of the long-hand conversion below
+_CHUNK_HEX = 4  # hex digits folded in per step: limb * 16^4 + carry stays below 2^53, exact as a double
+
+
+def _add_into_limbs(limbs: Column, factor: int, addend: Column) -> Column:
+    """``limbs * factor + addend`` in base ``_LIMB`` (little-endian), long-hand."""
+    def carried(acc: Column, limb: Column) -> Column:
+        total = limb * factor + acc["carry"]
+        rest = total % _LIMB
+        # Column division is a double's: exact here, as ``total - rest`` is a multiple below 2^53.
+        return F.struct(F.concat(acc["out"], F.array(rest)).alias("out"),
+                        ((total - rest) / _LIMB).cast("bigint").alias("carry"))
+
+    step = F.aggregate(
+        limbs, F.struct(F.array().cast("array<bigint>").alias("out"), addend.cast("bigint").alias("carry")), carried)
+    return F.when(step["carry"] > 0, F.concat(step["out"], F.array(step["carry"]))).otherwise(step["out"])
+
+
+def _unscaled_digits_any_length(raw: Column) -> Column:
+    """Two's-complement big-endian bytes of any length as signed decimal digits, converted long-hand
+    with higher-order functions: only for columns wider than 38 digits, whose values need it."""
+    hexed = F.lower(F.hex(raw))
+    negative = _negative(hexed)
+    magnitude_hex = F.when(negative, _ones_complement(hexed)).otherwise(hexed)
+    chunks = F.ceil(F.length(magnitude_hex) / _CHUNK_HEX).cast("int")
+    padded = F.lpad(magnitude_hex, chunks * _CHUNK_HEX, "0")
+    values = F.transform(F.sequence(F.lit(0), chunks - 1),
+                         lambda i: F.conv(F.substring(padded, i * _CHUNK_HEX + 1, _CHUNK_HEX), 16, 10).cast("bigint"))
+    limbs = F.aggregate(values, F.array(F.lit(0).cast("bigint")),
+                        lambda acc, chunk: _add_into_limbs(acc, 16**_CHUNK_HEX, chunk))
+    limbs = F.when(negative, _add_into_limbs(limbs, 1, F.lit(1))).otherwise(limbs)
+    text = F.array_join(F.transform(F.reverse(limbs), lambda limb: F.lpad(limb.cast("string"), 9, "0")), "")
+    digits = F.regexp_replace(text, r"^0+(?=\d)", "")
+    return F.when(F.length(hexed) > 0, F.concat(F.when(negative, F.lit("-")).otherwise(F.lit("")), digits))
+
+
+def _let(value: Column, body: Callable[[Column], Column]) -> Column:
+    """``body`` of ``value`` computed once however often ``body`` uses it (a one-element ``transform``)."""
+    return F.get(F.transform(F.array(value), body), 0)
+
+
+def _plain_decimal_text(digits: Column, scale: Column | int) -> Column:
+    """Signed unscaled ``digits`` with the decimal point placed ``scale`` digits from the right
+    (a negative scale appends zeros): the exact value as plain text, for values of any width."""
+    scale = F.lit(scale) if isinstance(scale, int) else scale
+
+    def placed(signed: Column) -> Column:
+        magnitude = F.ltrim(signed, F.lit("-"))
+        padded = F.lpad(magnitude, F.greatest(F.length(magnitude), scale + 1), "0")
+        point = F.length(padded) - scale
+        number = (F.when(scale > 0, F.concat(F.substring(padded, F.lit(1), point), F.lit("."),
+                                             F.substring(padded, point + 1, scale)))
+                  .when(scale < 0, F.concat(magnitude, F.repeat(F.lit("0"), -scale)))
+                  .otherwise(magnitude))
+        return F.concat(F.when(F.startswith(signed, F.lit("-")), F.lit("-")).otherwise(F.lit("")), number)
+
+    return _let(digits, placed)
+
+
+def _as_decimal(digits: Column, scale: Column | int, data_type: T.DecimalType) -> Column:
+    """Signed unscaled ``digits`` at ``scale`` as ``data_type``: exact, or null where the type would
+    round (fractional digits beyond its scale that are not zeros) or overflow; never a rounded value."""
+    scale = F.lit(scale) if isinstance(scale, int) else scale
+    # "<digits>E<-scale>" casts exactly; no division, whose result Spark rounds to 6 decimal places.
+    value = F.concat(digits, F.lit("E"), (-scale).cast("string")).try_cast(data_type)
+    dropped = scale - data_type.scale
+    exact = (dropped <= 0) | F.endswith(digits, F.repeat(F.lit("0"), dropped)) | (digits == F.lit("0"))
+    return F.when(exact, value)
+
+
+def _fixed_decimal(text: Column, spec: ColumnType) -> Column:
+    """A Connect Decimal's base64 text as its column's type: the decimal, or the exact decimal text for
+    a column wider than Delta's decimals."""
+    raw = F.unbase64(text)
+    if isinstance(spec.data_type, T.DecimalType):
+        return _as_decimal(_unscaled_digits(raw), spec.scale, spec.data_type)
+    return _plain_decimal_text(_unscaled_digits_any_length(raw), spec.scale)
+
+
+def _variable_scale_decimal(text: Column, spec: ColumnType) -> Column:
+    """A VariableScaleDecimal (``{"scale": s, "value": base64}``) as its column's type, exactly or null."""
+    parsed = F.from_json(text, "scale int, value string")
+    raw = F.unbase64(parsed["value"])
+    if isinstance(spec.data_type, T.DecimalType):
+        return _as_decimal(_unscaled_digits(raw), parsed["scale"], spec.data_type)
+    return _plain_decimal_text(_unscaled_digits_any_length(raw), parsed["scale"])
 
 
 def _time_of_day(micros: Column) -> Column:
@@ -90,8 +216,8 @@ def _converters() -> dict[str, Callable[[Column, ColumnType], Column]]:
         return column.cast(T.TimestampNTZType())
 
     return {
-        _DECIMAL: lambda text, spec: _signed_big_endian_to_decimal(
-            F.unbase64(text), spec.data_type.precision, spec.scale),  # type: ignore[attr-defined]
+        _DECIMAL: _fixed_decimal,
+        _VARIABLE_DECIMAL: _variable_scale_decimal,
         "io.debezium.time.Date": lambda text, _: F.date_add(F.lit("1970-01-01").cast("date"), text.try_cast("int")),
         "org.apache.kafka.connect.data.Date": lambda text, _: F.date_add(F.lit("1970-01-01").cast("date"),
                                                                           text.try_cast("int")),
@@ -120,9 +246,12 @@ def column_type(schema: Mapping[str, Any]) -> ColumnType:
     parameters = schema.get("parameters") or {}
     if name == _DECIMAL:
         scale = int(parameters.get("scale", 0))
-        return ColumnType(T.DecimalType(38, scale), _DECIMAL, scale)
+        precision = parameters.get("connect.decimal.precision")
+        digits = int(precision) if precision is not None else _MAX_DIGITS  # absent: money, sized by its scale
+        fits = (0 <= scale <= _MAX_DIGITS and digits <= _MAX_DIGITS) or (scale < 0 and digits - scale <= _MAX_DIGITS)
+        return ColumnType(T.DecimalType(_MAX_DIGITS, max(scale, 0)) if fits else T.StringType(), _DECIMAL, scale)
     if name == _VARIABLE_DECIMAL:
-        return ColumnType(T.DecimalType(38, 18), _VARIABLE_DECIMAL, 18)
+        return ColumnType(T.DecimalType(_MAX_DIGITS, _VARIABLE_SCALE), _VARIABLE_DECIMAL)
     if name in ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date"):
         return ColumnType(T.DateType(), name)
     if name in ("io.debezium.time.Timestamp", "io.debezium.time.MicroTimestamp", "io.debezium.time.NanoTimestamp",
@@ -153,7 +282,42 @@ def column_type(schema: Mapping[str, Any]) -> ColumnType:
                                     column_type(schema.get("values", {"type": "string"})).data_type))
     if connect_type == "bytes":
         return ColumnType(T.BinaryType(), "bytes")
-    return ColumnType(PRIMITIVES.get(str(connect_type), T.StringType()))
+    if connect_type not in PRIMITIVES:
+        raise UnknownLogicalType(f"type '{connect_type}' (field '{schema.get('field')}') is not a Kafka Connect type")
+    return ColumnType(PRIMITIVES[str(connect_type)])
+
+
+def declared(spec: ColumnType, data_type: T.DataType) -> ColumnType | None:
+    """A decimal column (Connect Decimal or VariableScaleDecimal) read as the type a table's ``columns``
+    config declares for it, ``string`` (exact text) or a decimal; None: the declaration does not apply."""
+    if spec.logical in (_DECIMAL, _VARIABLE_DECIMAL) and isinstance(data_type, (T.StringType, T.DecimalType)):
+        return replace(spec, data_type=data_type)
+    return None
+
+
+def unavailable_test(data_type: T.DataType, placeholder: str) -> Callable[[Column], Column] | None:
+    """The test that a column's value (its JSON text, or its parsed value for nested types) is the
+    connector's ``unavailable.value.placeholder`` for it, as Debezium's PostgreSQL connector writes it
+    (``UnchangedToastedPlaceholder``): the text (text, json, jsonb, xml; bytea in the base64/hex binary
+    modes), its bytes (bytea), a one-element array of it (text/json/bytea/uuid arrays), its bytes as
+    integers (integer arrays), a one-entry map of it (hstore). None: the type never carries it."""
+    raw = placeholder.encode()
+    if isinstance(data_type, T.StringType):
+        forms = [placeholder, base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode(), raw.hex(),
+                 json.dumps({placeholder: placeholder})]
+        return lambda value: value.isin(*forms)
+    if isinstance(data_type, T.BinaryType):
+        return lambda text: text == F.lit(base64.b64encode(raw).decode())
+    if isinstance(data_type, T.ArrayType) and isinstance(data_type.elementType, T.StringType):
+        uuid = str(UUID(bytes=hashlib.md5(raw).digest(), version=3))  # Java's UUID.nameUUIDFromBytes
+        return lambda value: (F.size(value) == 1) & F.get(value, 0).isin(placeholder, uuid)
+    if isinstance(data_type, T.ArrayType) and isinstance(data_type.elementType, T.BinaryType):
+        return lambda value: (F.size(value) == 1) & (F.get(value, 0) == F.lit(raw))
+    if isinstance(data_type, T.ArrayType) and isinstance(data_type.elementType, T.LongType):
+        return lambda value: value == F.array(*[F.lit(b).cast("bigint") for b in raw])
+    if isinstance(data_type, T.MapType) and isinstance(data_type.valueType, T.StringType):
+        return lambda value: (F.size(value) == 1) & (value[F.lit(placeholder)] == F.lit(placeholder))
+    return None
 
 
 def is_nested(data_type: T.DataType) -> bool:
@@ -165,10 +329,6 @@ def convert(text: Column, spec: ColumnType) -> Column:
     """A column's value from its JSON text (nested columns are already parsed)."""
     if is_nested(spec.data_type):
         return text
-    if spec.logical == _VARIABLE_DECIMAL:
-        parsed = F.from_json(text, "scale int, value string")
-        return F.try_divide(_signed_big_endian_to_decimal(F.unbase64(parsed["value"]), 38, 0),
-                            F.pow(F.lit(10), parsed["scale"]).cast("decimal(38,0)")).try_cast(T.DecimalType(38, 18))
     converter = _CONVERTERS.get(spec.logical or "")
     if converter is None and isinstance(spec.data_type, T.BinaryType):
         converter = _CONVERTERS["bytes"]

@@ -11,7 +11,7 @@ from typing import Any
 
 Record = tuple[bytes | None, bytes | None]
 
-_CONNECT_TYPES = {bool: "boolean", int: "int64", float: "float64", str: "string"}
+_CONNECT_TYPES = {bool: "boolean", int: "int64", float: "double", str: "string"}
 
 
 def _connect_schema(row: Mapping[str, Any], name: str) -> dict[str, Any]:

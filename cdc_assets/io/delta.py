@@ -22,7 +22,7 @@ applying any batch twice changes nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -46,7 +46,7 @@ from cdc_assets.core.layout import (
     VALID_TO_COLUMN,
     VALID_TO_TS_COLUMN,
 )
-from cdc_assets.io.spark import has_delta
+from cdc_assets.io.spark import has_delta, is_local
 
 METADATA_KEY = "cdc_assets"
 _HISTORY_WINDOW = 100
@@ -139,7 +139,8 @@ class DeltaWriter(Protocol):
         ...
 
     def current_rows(self, target: DeltaTarget, keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
-        """``columns`` of the table's rows whose key (``keys``' one column) is in ``keys``; None if no table."""
+        """``columns`` (the key columns among them) of the table's rows whose key (``keys``' columns) is
+        in ``keys``; None if no table."""
         ...
 
     def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
@@ -219,6 +220,13 @@ def merge_plan(mode: ApplyMode, key_columns: Sequence[str], columns: Sequence[st
     raise DeltaWriterError(f"unknown apply mode '{mode}' (expected scd1, soft_delete or scd2)")
 
 
+def _evolves_schema(mode: ApplyMode) -> bool:
+    """Whether the mode's MERGE adds the batch's new columns itself (schema evolution). Not scd2:
+    its source also carries the close markers' helper columns, which evolution would add to the
+    table, so the writers add the batch's new columns before its MERGE."""
+    return mode != "scd2"
+
+
 def table_schema_of(rows: pa.Table) -> pa.Schema:
     """The target table's schema for a batch: its columns less the MERGE helpers."""
     return pa.schema([f for f in rows.schema if not f.name.startswith(HELPER_PREFIX)])
@@ -286,6 +294,9 @@ class DeltaRsWriter:
                                       storage_options=dict(target.storage_options))
         if self._already_applied(table, commit):
             return MergeOutcome(delta_version=table.version(), already_applied=True)
+        if not _evolves_schema(mode) and self.ensure_columns(target, table_schema_of(rows), {}):
+            table = self._table(target)
+            assert table is not None
         before = table.version()
         condition, matched, not_matched = merge_plan(mode, key_columns, rows.column_names, quote_datafusion)
         with _concurrent_commit_guard(target, commit):
@@ -303,7 +314,7 @@ class DeltaRsWriter:
 
     def _merge(self, table: DeltaTable, rows: pa.Table, condition: str, matched: list[Clause],
                not_matched: list[Clause], mode: ApplyMode, commit: CommitRequest) -> Mapping[str, int]:
-        merger = table.merge(rows, condition, source_alias="s", target_alias="t", merge_schema=mode != "scd2",
+        merger = table.merge(rows, condition, source_alias="s", target_alias="t", merge_schema=_evolves_schema(mode),
                              commit_properties=self._properties(commit))
         for clause in matched:
             if clause.action == "delete":
@@ -335,13 +346,22 @@ class DeltaRsWriter:
         table = self._table(target)
         if table is None:
             return None
-        [key] = keys.column_names
         dataset = table.to_pyarrow_dataset()
         # Spark hands keys over as string_view while Parquet statistics are plain strings: compare as
         # plain strings on both sides.
-        wanted = keys[key].combine_chunks()
-        plain = pa.string() if pa.types.is_string_view(wanted.type) else wanted.type
-        return dataset.to_table(columns=list(columns), filter=pds.field(key).cast(plain).isin(wanted.cast(plain)))
+        plain = pa.schema([pa.field(name, pa.string() if pa.types.is_string_view(keys[name].type) else keys[name].type)
+                           for name in keys.column_names])
+        wanted = keys.cast(plain)
+        found = None
+        for name in keys.column_names:
+            match = pds.field(name).cast(plain.field(name).type).isin(wanted[name].combine_chunks())
+            found = match if found is None else found & match
+        rows = dataset.to_table(columns=list(columns), filter=found)
+        if keys.num_columns == 1:
+            return rows
+        # Each key column's values among the wanted ones: a superset of the wanted keys, cut to them.
+        return rows.join(wanted.cast(pa.schema([rows.schema.field(n) for n in keys.column_names])),
+                         keys=keys.column_names, join_type="left semi")
 
     def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
         from deltalake import Field
@@ -426,22 +446,23 @@ class DeltaSparkWriter:
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
               commit: CommitRequest, mode: ApplyMode = "scd1") -> MergeOutcome:
-        from delta.tables import DeltaTable as SparkDeltaTable
-
         batch = self._spark.createDataFrame(rows)
         if self._history(target, 1) is None:
-            table_columns = self._spark.createDataFrame(rows.select(table_schema_of(rows).names)).schema
-            SparkDeltaTable.createIfNotExists(self._spark).location(target.path).addColumns(table_columns).execute()
-        before = self._latest_version(target)
+            self._create(target, table_schema_of(rows), {})
+        elif _needs_column_mapping(rows.column_names):
+            self._map_columns_by_name(target)
         if self._already_applied(target, commit):
-            return MergeOutcome(delta_version=before, already_applied=True)
+            return MergeOutcome(delta_version=self._latest_version(target), already_applied=True)
+        if not _evolves_schema(mode):
+            self.ensure_columns(target, table_schema_of(rows), {})
+        before = self._latest_version(target)
         view = f"cdc_batch_{abs(hash((target.path, commit.version)))}"
         batch.createOrReplaceTempView(view)
         condition, matched, not_matched = merge_plan(mode, key_columns, rows.column_names, quote_spark)
         clauses = [self._render("WHEN MATCHED", clause) for clause in matched]
         clauses += [self._render("WHEN NOT MATCHED", clause) for clause in not_matched]
         try:
-            with self._committing(commit, schema_evolution=mode != "scd2"):
+            with self._committing(commit, schema_evolution=_evolves_schema(mode)):
                 result = self._spark.sql(
                     f"MERGE INTO {self._table_ref(target)} t USING {view} s ON {condition} {' '.join(clauses)}"
                 ).first()
@@ -471,31 +492,36 @@ class DeltaSparkWriter:
     def current_rows(self, target: DeltaTarget, keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
         if self._history(target, 1) is None:
             return None
-        [key] = keys.column_names
         wanted = self._spark.createDataFrame(keys)
-        return (self._spark.read.format("delta").load(target.path).join(wanted, key, "left_semi")
+        return (self._spark.read.format("delta").load(target.path).join(wanted, keys.column_names, "left_semi")
                 .select(*[quote_spark(name) for name in columns]).toArrow())
 
     def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
-        from delta.tables import DeltaTable as SparkDeltaTable
-
-        wanted = self._spark.createDataFrame(schema.empty_table()).schema
         table = self._table_ref(target)
         if self._history(target, 1) is None:
-            builder = SparkDeltaTable.createIfNotExists(self._spark).location(target.path).addColumns(wanted)
-            for key, value in properties.items():
-                builder = builder.property(key, value)
-            builder.execute()
+            self._create(target, schema, properties)
             return list(schema.names)
+        wanted = from_arrow_schema(schema)
         present = set(self._spark.read.format("delta").load(target.path).columns)
         missing = [field for field in wanted.fields if field.name not in present]
+        if _needs_column_mapping(field.name for field in missing):
+            self._map_columns_by_name(target)
         if missing:
             columns = ", ".join(f"{quote_spark(f.name)} {f.dataType.simpleString()}" for f in missing)
             self._spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({columns})")
         if properties:
-            settings = ", ".join(f"'{k}' = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in properties.items())
-            self._spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({settings})")
+            self._spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({_properties_sql(properties)})")
         return [field.name for field in missing]
+
+    def _create(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> None:
+        """Create the table with ``schema`` and ``properties`` unless it exists. In SQL: the Python
+        ``DeltaTable`` builder needs Delta's Spark Connect plugin on a Connect server."""
+        columns = ", ".join(f"{quote_spark(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
+                            for f in from_arrow_schema(schema).fields)
+        if _needs_column_mapping(schema.names):
+            properties = {_COLUMN_MAPPING: "name", **properties}
+        settings = f" TBLPROPERTIES ({_properties_sql(properties)})" if properties else ""
+        self._spark.sql(f"CREATE TABLE IF NOT EXISTS {self._table_ref(target)} ({columns}) USING delta{settings}")
 
     def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
         from pyspark.sql import functions as F
@@ -509,9 +535,17 @@ class DeltaSparkWriter:
         nulls = F.lit(False)
         for key in keys:
             nulls = nulls | key.isNull()
-        total, null_keys = rows.agg(F.count(F.lit(1)), F.count_if(nulls)).first()
+        counts = rows.agg(F.count(F.lit(1)), F.count_if(nulls)).first()
+        total, null_keys = (counts[0], counts[1]) if counts is not None else (0, 0)
         duplicates = rows.groupBy(*keys).count().where("count > 1").count()
         return KeyReport(int(total), int(duplicates), int(null_keys))
+
+    def _map_columns_by_name(self, target: DeltaTarget) -> None:
+        """Let the table take column names that delta-spark refuses without column mapping."""
+        detail = self._spark.sql(f"DESCRIBE DETAIL {self._table_ref(target)}").first()
+        properties = (detail["properties"] if detail is not None else None) or {}
+        if properties.get(_COLUMN_MAPPING, "none") == "none":
+            self._spark.sql(f"ALTER TABLE {self._table_ref(target)} SET TBLPROPERTIES ('{_COLUMN_MAPPING}' = 'name')")
 
     def _already_applied(self, target: DeltaTarget, commit: CommitRequest) -> bool:
         progress = self.read_progress(target, commit.app_id)
@@ -553,12 +587,27 @@ class DeltaSparkWriter:
         return int(str(history[0]["version"])) if history else -1
 
 
+# delta-spark refuses these characters in column names unless the table maps columns by name (delta-rs takes them).
+_UNMAPPED_NAME_REFUSES = frozenset(" ,;{}()\n\t=")
+_COLUMN_MAPPING = "delta.columnMapping.mode"
+
+
+def _needs_column_mapping(names: Iterable[str]) -> bool:
+    return any(_UNMAPPED_NAME_REFUSES.intersection(name) for name in names)
+
+
+def _properties_sql(properties: Mapping[str, str]) -> str:
+    """Table properties as a Spark SQL ``TBLPROPERTIES`` list."""
+    return ", ".join(f"'{k}' = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in properties.items())
+
+
 def select_writer(name: str, spark: SparkSession) -> DeltaWriter:
-    """The writer for a config value: ``delta-rs``, ``delta-spark`` or ``auto`` (delta-spark when the
-    session has Delta, else delta-rs)."""
+    """The writer for a config value: ``delta-rs``, ``delta-spark`` or ``auto``: delta-spark for a session
+    with Delta whose JVM runs elsewhere (a cluster, a remote Spark Connect server), else delta-rs. Local
+    Spark has Delta too (``spark.delta_jars``), yet keeps delta-rs, which merges without a Spark job."""
     if name == "delta-rs":
         return DeltaRsWriter()
-    if name == "delta-spark" or (name == "auto" and has_delta(spark)):
+    if name == "delta-spark" or (name == "auto" and has_delta(spark) and not is_local(spark)):
         return DeltaSparkWriter(spark)
     if name == "auto":
         return DeltaRsWriter()

@@ -63,10 +63,11 @@ def _kafka_time(message: Message | None) -> datetime | None:
 
 def _source_time(message: Message | None) -> datetime | None:
     """``source.ts_ms`` of a change event (wrapped or not); None for a tombstone or an unreadable value."""
-    if message is None or message.value() is None:
+    value = message.value() if message is not None else None
+    if value is None:
         return None
     try:
-        body = json.loads(message.value())
+        body = json.loads(value)
         payload = body.get("payload", body) if isinstance(body, dict) else None
         millis = payload["source"]["ts_ms"] if isinstance(payload, dict) else None
         return datetime.fromtimestamp(int(millis) / 1000, timezone.utc) if millis is not None else None
@@ -80,6 +81,19 @@ def _partitions(consumer: Consumer, topic: str, timeout_s: float) -> list[int]:
         reason = metadata.error if metadata is not None else "not in metadata"
         raise SourceError(f"topic '{topic}' does not exist ({reason})")
     return sorted(metadata.partitions)
+
+
+def retained_offsets(settings: Mapping[str, object], topic: str, timeout_s: float = 10.0) -> dict[int, tuple[int, int]]:
+    """Per partition of ``topic``: its earliest retained offset (above 0 once retention or a records
+    deletion removed its start) and its high watermark. A ``SourceError`` when the topic does not exist."""
+    consumer = _consumer(settings)
+    try:
+        return {partition: consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+                for partition in _partitions(consumer, topic, timeout_s)}
+    except KafkaException as exc:
+        raise SourceError(f"cannot read the watermarks of '{topic}': {exc}") from exc
+    finally:
+        consumer.close()
 
 
 def table_freshness(settings: Mapping[str, object], topic: str, applied: Mapping[int, int] | None,

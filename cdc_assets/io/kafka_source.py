@@ -197,10 +197,10 @@ class KafkaSource:
         start: dict[int, int] = {}
         high: dict[int, int] = {}
         for partition in partitions:
-            low, high[partition] = self._retrying(
-                lambda p=partition: self._metadata().get_watermark_offsets(TopicPartition(topic, p),
-                                                                           timeout=poll_timeout_s),
-                f"reading watermarks of {topic}[{partition}]")
+            def watermarks(p: int = partition) -> tuple[int, int]:
+                return self._metadata().get_watermark_offsets(TopicPartition(topic, p), timeout=poll_timeout_s)
+
+            low, high[partition] = self._retrying(watermarks, f"reading watermarks of {topic}[{partition}]")
             committed = (start_offsets or {}).get(partition)
             if committed is not None and committed < low:
                 raise SourceError(
@@ -293,7 +293,8 @@ class KafkaSource:
                     raise SourceError(f"{topic}[{message.partition()}]: error while consuming from "
                                       f"{self.bootstrap_servers}: {error}")
                 read_from, offset = message.partition(), message.offset()
-                if read_from not in end or not end[read_from] <= offset < high[read_from]:
+                if read_from is None or offset is None or read_from not in end \
+                        or not end[read_from] <= offset < high[read_from]:
                     continue  # past this batch's end: the next batch finds the position moved and seeks
                 key, value = message.key(), message.value()
                 partitions.append(read_from)

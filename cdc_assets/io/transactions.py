@@ -23,15 +23,27 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
-from cdc_assets.core.transactions import TransactionEventError, collection_count, parse_transaction_event
-from cdc_assets.io.delta import METADATA_KEY, CommitRequest, DeltaRsWriter, DeltaTarget
+from cdc_assets.core.transactions import (
+    TransactionEventError,
+    collection_count,
+    parse_transaction_event,
+    transaction_key,
+)
+from cdc_assets.io.delta import (
+    METADATA_KEY,
+    CommitRequest,
+    DeltaRsWriter,
+    DeltaTarget,
+    DeltaWriterError,
+    _concurrent_commit_guard,
+)
 from cdc_assets.io.kafka_source import KafkaSource
 
 LOG_SCHEMA = pa.schema([
     ("id", pa.string()), ("status", pa.string()), ("event_count", pa.int64()), ("collections", pa.string()),
-    ("ts_ms", pa.int64()), ("partition", pa.int32()), ("offset", pa.int64()),
+    ("ts_ms", pa.int64()), ("partition", pa.int32()), ("offset", pa.int64()), ("key", pa.string()),
 ])
 WATERMARK_SCHEMA = pa.schema([
     ("connector", pa.string()), ("end_offset", pa.int64()), ("transaction_id", pa.string()),
@@ -40,16 +52,21 @@ WATERMARK_SCHEMA = pa.schema([
 ])
 
 
+_INGEST_ATTEMPTS = 5  # ingests racing one another: each lost race still moves the log on
+
+
 class TransactionLogError(RuntimeError):
     """The transaction topic holds something the log cannot take; names topic, partition, offset."""
 
 
 @dataclass(frozen=True)
 class TransactionLog:
-    """Where one connector's transaction log lives."""
+    """Where one connector's transaction log lives, and the connector's kind (what identifies its
+    transactions: ``core.transactions.transaction_key``)."""
 
     topic: str
     target: DeltaTarget
+    kind: str
 
     @property
     def app_id(self) -> str:
@@ -61,14 +78,18 @@ class TransactionLog:
             return None
         return DeltaTable(self.target.path, storage_options=options).to_pyarrow_dataset()
 
-    def ends(self, ids: Iterable[str]) -> dict[str, tuple[int, dict[str, int]]]:
-        """END offset and data collections of the given transactions, where known."""
-        dataset, wanted = self._dataset(), list(ids)
+    def ends(self, keys: Iterable[str]) -> dict[str, tuple[int, dict[str, int]]]:
+        """END offset and data collections of the given transactions (by ``transaction_key``), where known."""
+        dataset, wanted = self._dataset(), list(keys)
         if dataset is None or not wanted:
             return {}
-        rows = dataset.to_table(columns=["id", "offset", "collections"],
-                                filter=(pds.field("status") == "END") & pds.field("id").isin(wanted)).to_pylist()
-        return {row["id"]: (row["offset"], json.loads(row["collections"])) for row in rows}
+        # Rows logged before the key column existed are SQL Server/Db2 ENDs, whose key is their id.
+        known = pds.field("key").isin(wanted) | (pds.field("key").is_null() & pds.field("id").isin(wanted))
+        rows = dataset.to_table(columns=["id", "key", "offset", "collections"],
+                                filter=(pds.field("status") == "END") & known).to_pylist()
+        # Offset order: a key reused (PostgreSQL txIDs wrap around) means its latest END.
+        return {row["key"] or row["id"]: (row["offset"], json.loads(row["collections"]))
+                for row in sorted(rows, key=lambda row: row["offset"])}
 
     def ends_after(self, offset: int) -> list[tuple[int, str, dict[str, int]]]:
         """ENDs with an offset above ``offset``, in offset order."""
@@ -101,15 +122,31 @@ class TransactionLog:
 
 
 def ingest_transactions(source: KafkaSource, log: TransactionLog, max_records: int = 100_000) -> int:
-    """Copy new BEGIN/END events into the log; returns how many were added. An END whose BEGIN was
-    never seen, an unknown status or malformed data collections stop it with the event's offset."""
+    """Copy new BEGIN/END events into the log, exactly once; returns how many were added. An END whose
+    BEGIN was never seen, an unknown status or malformed data collections stop it with the event's offset.
+
+    The tables of one connector may run at once (in different pools), so ingests may race: each
+    commits with the app-transaction check the tables use (``DeltaRsWriter``), and one that loses
+    the commit race reads on from the winner's offsets."""
+    attempt = 1
+    while True:
+        try:
+            return _ingest_once(source, log, max_records)
+        except DeltaWriterError:
+            if attempt == _INGEST_ATTEMPTS:
+                raise
+            attempt += 1
+
+
+def _ingest_once(source: KafkaSource, log: TransactionLog, max_records: int) -> int:
+    """One ingest from the log's committed offsets; a concurrent commit makes it fail, adding nothing."""
     writer = DeltaRsWriter()
     progress = writer.read_progress(log.target, log.app_id)
     raw = source.read_batch(log.topic, progress.offsets if progress else None, max_records, 256 * 1024 * 1024, 10)
     if raw.end_offsets == raw.start_offsets:
         return 0
     records = sorted(raw.records.to_pylist(), key=lambda r: (r["partition"], r["offset"]))
-    begun = {r["id"] for r in _open_begins(log)}
+    begun = _begun(log)
     rows = []
     for record in records:
         where = f"{log.topic} partition {record['partition']} offset {record['offset']}"
@@ -119,26 +156,35 @@ def ingest_transactions(source: KafkaSource, log: TransactionLog, max_records: i
             event = parse_transaction_event(record["value"])
         except TransactionEventError as exc:
             raise TransactionLogError(f"{where}: {exc}") from exc
+        key = transaction_key(log.kind, event.id)
         if event.status == "BEGIN":
-            begun.add(event.id)
-        elif event.id not in begun:
+            begun.add(key)
+        elif key not in begun:
             raise TransactionLogError(f"{where}: END of transaction {event.id} without a BEGIN before it")
         rows.append({"id": event.id, "status": event.status, "event_count": event.event_count,
                      "collections": json.dumps(event.collections), "ts_ms": event.ts_ms,
-                     "partition": record["partition"], "offset": record["offset"]})
+                     "partition": record["partition"], "offset": record["offset"], "key": key})
     commit = CommitRequest(log.app_id, sum(raw.end_offsets.values()), log.topic, raw.end_offsets)
-    write_deltalake(log.target.path, pa.Table.from_pylist(rows, schema=LOG_SCHEMA), mode="append",
-                    storage_options=dict(log.target.storage_options),
-                    commit_properties=CommitProperties(custom_metadata={"userMetadata": commit.user_metadata()},
-                                                       app_transactions=[Transaction(log.app_id, commit.version)]))
+    # mode="ignore": a concurrent ingest may create the log first.
+    table = DeltaTable.create(log.target.path, schema=LOG_SCHEMA, mode="ignore",
+                              storage_options=dict(log.target.storage_options))
+    if DeltaRsWriter._already_applied(table, commit):
+        return 0
+    with _concurrent_commit_guard(log.target, commit):
+        write_deltalake(table, pa.Table.from_pylist(rows, schema=LOG_SCHEMA), mode="append",
+                        commit_properties=DeltaRsWriter._properties(commit))
     return len(rows)
 
 
-def _open_begins(log: TransactionLog) -> list[dict]:
+def _begun(log: TransactionLog) -> set[str]:
+    """The keys of every transaction whose BEGIN the log holds."""
     dataset = log._dataset()
     if dataset is None:
-        return []
-    return dataset.to_table(columns=["id"], filter=pds.field("status") == "BEGIN").to_pylist()
+        return set()
+    names = dataset.schema.names
+    rows = dataset.to_table(columns=[name for name in ("id", "key") if name in names],
+                            filter=pds.field("status") == "BEGIN").to_pylist()
+    return {row.get("key") or transaction_key(log.kind, row["id"]) for row in rows}
 
 
 def table_horizon(log: TransactionLog, table: str, applied_end: int) -> int:

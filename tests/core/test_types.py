@@ -79,3 +79,114 @@ def test_unknown_logical_types_are_refused():
     fields = [{"type": "int32", "field": "id"}, {"type": "string", "name": "com.example.Money", "field": "m"}]
     with pytest.raises(LayoutError, match=r"logical type 'com\.example\.Money' \(field 'm'\) is not supported"):
         derive_layout("postgresql", [b'{"id": 1}'], [wrapped(fields, {"id": 1, "m": "x"})])
+
+
+def decode_one(hand_over, fields, values, **layout_options):
+    """One wrapped event of ``fields`` decoded: its layout and row (as a dict)."""
+    value = wrapped([{"type": "int32", "field": "id"}, *fields], {"id": 1, **values})
+    layout = derive_layout("postgresql", [b'{"id": 1}'], [value], **layout_options)
+    return layout, decode_change_events(hand_over([(b'{"id": 1}', value)], layout), layout).first().asDict()
+
+
+def test_float_and_double_are_the_json_converter_s_names_and_read_as_postgresql_prints_them(hand_over):
+    # Debezium's real(float4) is Connect FLOAT32, which the JSON converter names "float"; float8 is "double".
+    fields = [{"type": "float", "field": "r"}, {"type": "double", "field": "d"},
+              {"type": "double", "field": "nan"}, {"type": "double", "field": "inf"}]
+    layout, row = decode_one(hand_over, fields, {"r": 0.1, "d": 1e-07, "nan": "NaN", "inf": "-Infinity"})
+    assert {f.name: f.dataType.simpleString() for f in layout.row_type.fields} == {
+        "id": "bigint", "r": "double", "d": "double", "nan": "double", "inf": "double"}
+    assert row["_cdc_error"] is None
+    # 0.1, not 0.10000000149011612: the value PostgreSQL prints for real '0.1' and a client reads.
+    assert (row["r"], row["d"], row["inf"]) == (0.1, 1e-07, float("-inf"))
+    assert row["nan"] != row["nan"]
+
+
+@pytest.mark.parametrize("connect_type", ["float32", "float64", "decimal", "timestamp"])
+def test_a_type_name_the_json_converter_never_writes_is_refused(connect_type):
+    fields = [{"type": "int32", "field": "id"}, {"type": connect_type, "field": "x"}]
+    with pytest.raises(LayoutError, match=rf"type '{connect_type}' \(field 'x'\) is not a Kafka Connect type"):
+        derive_layout("postgresql", [b'{"id": 1}'], [wrapped(fields, {"id": 1, "x": 1})])
+
+
+def decimal_field(name, scale, precision=None):
+    parameters = {"scale": str(scale)}
+    if precision is not None:
+        parameters["connect.decimal.precision"] = str(precision)
+    return {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "field": name, "optional": True,
+            "parameters": parameters}
+
+
+def variable_scale_field(name):
+    return {"type": "struct", "name": "io.debezium.data.VariableScaleDecimal", "field": name, "optional": True,
+            "fields": [{"type": "int32", "field": "scale"}, {"type": "bytes", "field": "value"}]}
+
+
+def decimal_value(value: Decimal, scale: int) -> str:
+    sign, digits, exponent = value.as_tuple()
+    return unscaled_bytes((-1 if sign else 1) * int("".join(map(str, digits))) * 10 ** (exponent + scale))
+
+
+def test_decimals_are_exact_at_every_precision_and_scale(hand_over):
+    # numeric(p, s) for p up to 38 (decimal(38, s)) and beyond (exact text), random seeded values of
+    # every length, negative and positive, including scale > 6 (Spark's division rounded those to 6).
+    import random
+
+    rng = random.Random(23)
+    fields, values, expected = [], {}, {}
+    for index, (precision, scale) in enumerate([(20, 8), (38, 0), (38, 38), (10, 2), (38, 10), (18, 17),
+                                                (39, 0), (50, 10), (1000, 500), (3, -2), (3, 5), (45, -2)]):
+        for sample in range(3):
+            digits = rng.randint(1, precision) if sample else precision
+            unscaled = rng.randrange(10 ** (digits - 1), 10**digits) * rng.choice((1, -1))
+            value = Decimal((int(unscaled < 0), tuple(int(d) for d in str(abs(unscaled))), -scale))
+            name = f"n{index}_{sample}"
+            fields.append(decimal_field(name, scale, precision))
+            values[name] = unscaled_bytes(unscaled)
+            expected[name] = value
+    fields.append(decimal_field("money", 2))  # money: scale 2, no precision
+    values["money"], expected["money"] = unscaled_bytes(-9223372036854775808), Decimal("-92233720368547758.08")
+    layout, row = decode_one(hand_over, fields, values)
+    assert row["_cdc_error"] is None
+    for name, value in expected.items():
+        got = row[name]
+        field_type = layout.row_type[name].dataType.simpleString()
+        if isinstance(got, str):
+            assert Decimal(got) == value and got == format(value, "f"), name
+            assert field_type == "string", name
+        else:
+            assert got == value, (name, got, value)
+            assert field_type.startswith("decimal(38,"), name
+
+
+def test_unconstrained_numeric_is_exact_or_a_bad_event_never_rounded(hand_over):
+    fields = [variable_scale_field("v")]
+    exact = [Decimal("1.5"), Decimal("-81657634825.91843167"), Decimal("12345678901234567890.123456789012345678"),
+             Decimal("0.000000000000000001"), Decimal("1E+19"), Decimal("0"), Decimal("-1")]
+    for value in exact:
+        scale = max(-value.as_tuple().exponent, 0)
+        _, row = decode_one(hand_over, fields, {"v": {"scale": scale, "value": decimal_value(value, scale)}})
+        assert (row["v"], row["_cdc_error"]) == (value, None), value
+    too_wide = [(Decimal("0.0000000000000000001"), 19), (Decimal("123456789012345678901"), 0),
+                (Decimal("1" * 45), 0)]
+    for value, scale in too_wide:
+        _, row = decode_one(hand_over, fields, {"v": {"scale": scale, "value": decimal_value(value, scale)}})
+        assert row["v"] is None
+        assert row["_cdc_error"].startswith("column 'v' value does not fit type decimal(38,18) exactly"), value
+    # Declared a string, the column keeps every value exactly.
+    for value, scale in [*too_wide, (Decimal("-3.25"), 2)]:
+        layout, row = decode_one(hand_over, fields, {"v": {"scale": scale, "value": decimal_value(value, scale)}},
+                                 configured_columns={"v": "string"})
+        assert layout.row_type["v"].dataType.simpleString() == "string"
+        assert (Decimal(row["v"]), row["_cdc_error"]) == (value, None)
+
+
+def test_decimal_handling_modes_string_and_double_keep_what_debezium_sends(hand_over):
+    # string mode: plain text, NaN/Infinity by SpecialValueDecimal's names; double mode: doubles.
+    fields = [{"type": "string", "field": "s"}, {"type": "string", "field": "s_nan"},
+              {"type": "string", "field": "s_inf"}, {"type": "double", "field": "d"},
+              {"type": "double", "field": "d_inf"}]
+    _, row = decode_one(hand_over, fields, {"s": "-81657634825.91843167", "s_nan": "NAN", "s_inf": "POSITIVE_INFINITY",
+                                            "d": -81657634825.91843, "d_inf": "Infinity"})
+    assert row["_cdc_error"] is None
+    assert (row["s"], row["s_nan"], row["s_inf"]) == ("-81657634825.91843167", "NAN", "POSITIVE_INFINITY")
+    assert (row["d"], row["d_inf"]) == (-81657634825.91843, float("inf"))

@@ -108,3 +108,18 @@ def test_the_class_archive_is_for_a_runs_own_jvm_only(tmp_path, monkeypatch):
 
     assert not archive_mapped(VALID)  # the embedded default: the local Spark server, shared and long-lived
     assert archive_mapped(VALID + "spark:\n  local_server: false\n")
+
+
+def test_placeholder_and_truncate_policy_reach_each_table():
+    tables = resolve_tables(parse_config(VALID))
+    # Defaults: Debezium's own placeholder, and a TRUNCATE halts (it never empties a table unasked).
+    assert [(t.unavailable_placeholder, t.on_truncate) for t in tables] == [
+        ("__debezium_unavailable_value", "halt"), ("__debezium_unavailable_value", "halt")]
+    custom = VALID.replace("    topic.prefix: dbserver1\n",
+                           "    topic.prefix: dbserver1\n    unavailable.value.placeholder: __toast__\n").replace(
+        "        path: custom/orders\n", "        path: custom/orders\n        on_truncate: ignore\n")
+    tables = resolve_tables(parse_config(custom))
+    assert [(t.unavailable_placeholder, t.on_truncate) for t in tables] == [("__toast__", "halt"),
+                                                                             ("__toast__", "ignore")]
+    with pytest.raises(ConfigError, match=r"on_truncate: Input should be 'halt' or 'ignore'"):
+        parse_config(custom.replace("on_truncate: ignore", "on_truncate: drop"))

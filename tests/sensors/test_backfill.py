@@ -1,4 +1,5 @@
-"""The backfill sensor: tables with a missing or empty Delta target get a snapshot and a merge run."""
+"""The backfill sensor: tables with a missing or empty Delta target get a merge run, and a snapshot run
+where the topic cannot fill them."""
 
 import json
 
@@ -36,3 +37,43 @@ def test_missing_target_requests_snapshot_and_merge_once_then_again_when_empty(b
         DeltaTable(path).delete()
         emptied = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=filled.cursor))
         assert len(emptied.run_requests) == 2
+
+
+def test_the_merge_alone_where_the_topic_holds_the_whole_history_a_snapshot_only_where_it_cannot(broker, tmp_path):
+    """A first deployment: the topic that still holds its history from offset 0 fills its table with
+    the merge alone; the one whose start retention removed, and the one not created yet, need a snapshot."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from tests.conftest import new_topic, produce
+
+    prefix = new_topic(broker, "bf").replace(".", "_")
+    topics = {name: f"{prefix}.s.{name}" for name in ("whole", "retained", "absent")}
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    for name in ("whole", "retained"):
+        admin.create_topics([NewTopic(topics[name], num_partitions=1, replication_factor=1)])[topics[name]].result()
+        produce(broker, topics[name], [(b'{"id": 1}', b'{"op": "c"}'), (b'{"id": 2}', b'{"op": "c"}')])
+    # Retention deleted the start of one topic: its low watermark moves past 0.
+    [deleted] = admin.delete_records([TopicPartition(topics["retained"], 0, 1)]).values()
+    deleted.result()
+    config = f"""\
+kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
+delta: {{root: "{tmp_path}"}}
+connectors:
+  - name: inventory
+    kind: postgresql
+    topic.prefix: {prefix}
+    signal: {{channel: kafka, topic: {prefix}.signals}}
+    tables: [{{name: s.whole}}, {{name: s.retained}}, {{name: s.absent}}]
+"""
+    defs = build_definitions(parse_config(config))
+    sensor = defs.resolve_sensor_def("snapshot_backfill_sensor")
+    with DagsterInstance.ephemeral() as instance:
+        tick = sensor.evaluate_tick(build_sensor_context(instance=instance))
+    assert sorted((r.job_name, r.run_key) for r in tick.run_requests) == sorted([
+        ("cdc_merge_job", f"snapshot-backfill:{topics['whole']}:merge"),
+        ("incremental_snapshot_job", f"snapshot-backfill:{topics['retained']}"),
+        ("cdc_merge_job", f"snapshot-backfill:{topics['retained']}:merge"),
+        ("incremental_snapshot_job", f"snapshot-backfill:{topics['absent']}"),
+        ("cdc_merge_job", f"snapshot-backfill:{topics['absent']}:merge"),
+    ])

@@ -1,0 +1,332 @@
+"""The parts of the conformance suite: real Debezium in a subprocess, the project's real Dagster jobs, and
+the comparison of each Delta table with its source table (the database is the oracle)."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from dagster import DagsterInstance, ExecuteInProcessResult
+from deltalake import DeltaTable
+
+from cdc_assets.config import parse_config
+from cdc_assets.definitions import build_definitions
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+DEBEZIUM_VERSION = "3.6.3.Final"
+
+
+def connector_properties(name: str, prefix: str, dsn: Mapping[str, str], tables: Iterable[str], work_dir: Path,
+                         **overrides: str) -> dict[str, str]:
+    """A Debezium PostgreSQL connector over ``tables`` (``public.x`` names), pgoutput, its own slot,
+    publication and offset file; ``overrides`` are further connector properties (dots as given)."""
+    return {
+        "name": name,
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "database.hostname": dsn["host"],
+        "database.port": dsn["port"],
+        "database.user": dsn["user"],
+        "database.password": "unused",  # trust authentication
+        "database.dbname": dsn["dbname"],
+        "topic.prefix": prefix,
+        "plugin.name": "pgoutput",
+        "slot.name": f"slot_{name}",
+        "publication.name": f"pub_{name}",
+        "publication.autocreate.mode": "filtered",
+        "table.include.list": ",".join(tables),
+        "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
+        "offset.storage.file.filename": str(work_dir / f"offsets-{name}.dat"),
+        "offset.flush.interval.ms": "0",
+        "converter.schemas.enable": "true",
+        "poll.interval.ms": "50",
+        **overrides,
+    }
+
+
+class DebeziumRunner:
+    """Real Debezium connectors in a subprocess (``debezium_runner``), producing into the test broker."""
+
+    def __init__(self, bootstrap_servers: str, connectors: list[dict[str, str]], work_dir: Path,
+                 partitions: int = 3) -> None:
+        self.work_dir = work_dir
+        self.status_file = work_dir / "status.json"
+        self.spec_file = work_dir / "spec.json"
+        self.log_file = work_dir / "debezium.log"
+        self.spec_file.write_text(json.dumps({"bootstrap_servers": bootstrap_servers, "partitions": partitions,
+                                              "status_file": str(self.status_file), "connectors": connectors}))
+        self.prefixes = [c["topic.prefix"] for c in connectors]
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        """Start (or restart) the engines; they resume from their offset files."""
+        self.starts += 1
+        with self.log_file.open("ab") as log:
+            log.write(f"--- start {self.starts}\n".encode())
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.conformance.debezium_runner", str(self.spec_file)],
+                cwd=self.work_dir, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
+
+    def kill(self) -> None:
+        """Kill the engines abruptly (SIGKILL): offsets not yet stored are replayed after a restart."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(30)
+            self.process = None
+
+    def stop(self) -> None:
+        """Stop the engines gracefully."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(30)
+            self.process = None
+
+    def status(self) -> dict[str, Any]:
+        """What the runner has produced so far (see ``debezium_runner``)."""
+        try:
+            return json.loads(self.status_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def check_alive(self, waiting_for: str) -> None:
+        """Fail, with the runner's log, if the runner is not running."""
+        if self.process is None or self.process.poll() is not None:
+            raise AssertionError(f"Debezium runner is not running while waiting for {waiting_for}:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        """The end of the runner's log (Debezium's own log lines included)."""
+        text = self.log_file.read_text(errors="replace") if self.log_file.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_for_marker(self, marker: int, timeout_s: float = 180) -> None:
+        """Wait until every connector has produced marker row ``marker`` (and all before it)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            markers = self.status().get("markers", {})
+            missing = [p for p in self.prefixes if markers.get(f"{p}.public.cdc_marker", -1) < marker]
+            if not missing:
+                return
+            self.check_alive(f"marker {marker}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"connectors {missing} did not produce marker {marker} in {timeout_s}s:\n"
+                                     f"{self.log_tail()}")
+            time.sleep(0.2)
+
+    def wait_for_notification(self, prefix: str, predicate: Callable[[dict[str, Any]], bool], what: str,
+                              timeout_s: float = 180) -> dict[str, Any]:
+        """Wait for a Debezium notification (sink channel, topic ``<prefix>.notifications``)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for notification in self.status().get("notifications", {}).get(f"{prefix}.notifications", []):
+                if predicate(notification):
+                    return notification
+            self.check_alive(what)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no notification '{what}' from {prefix} in {timeout_s}s: "
+                                     f"{self.status().get('notifications')}\n{self.log_tail()}")
+            time.sleep(0.2)
+
+
+def parse_dsn(dsn: str) -> dict[str, str]:
+    """``key=value`` libpq DSN as a dict."""
+    return dict(part.split("=", 1) for part in dsn.split())
+
+
+def run_job(config_text: str, job: str = "cdc_merge_job", run_config: Mapping[str, Any] | None = None
+            ) -> ExecuteInProcessResult:
+    """Run one of the project's jobs for a pipeline config, as Dagster runs it (in process)."""
+    definitions = build_definitions(parse_config(config_text))
+    with DagsterInstance.ephemeral() as instance:
+        return definitions.resolve_job_def(job).execute_in_process(
+            instance=instance, run_config=dict(run_config or {}), raise_on_error=False)
+
+
+def failures(result: ExecuteInProcessResult) -> list[str]:
+    """The failed steps of a run with their errors."""
+    return [f"{event.step_key}: {event.event_specific_data.error.message.strip()}"
+            for event in result.get_step_failure_events()]
+
+
+def delta_rows(path: str | Path) -> list[dict[str, Any]]:
+    """All rows of a Delta table."""
+    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+
+
+def current_rows(path: str | Path, apply_mode: str) -> list[dict[str, Any]]:
+    """The rows of a Delta table that stand for live source rows in its apply mode, hidden columns dropped."""
+    rows = delta_rows(path)
+    if apply_mode == "scd2":
+        rows = [row for row in rows if row["_cdc_current"]]
+    elif apply_mode == "soft_delete":
+        rows = [row for row in rows if not row["_cdc_deleted"]]
+    return [{k: v for k, v in row.items() if not k.startswith("_cdc_")} for row in rows]
+
+
+def source_rows(dsn: str, query: str) -> list[dict[str, Any]]:
+    """The oracle: the source database's rows."""
+    with psycopg.connect(dsn) as connection, connection.cursor(row_factory=psycopg.rows.dict_row) as cursor:
+        return cursor.execute(query).fetchall()
+
+
+Normaliser = Callable[[Any], Any]
+
+
+def compare(expected_rows: list[dict[str, Any]], actual_rows: list[dict[str, Any]], key: tuple[str, ...],
+            expected: Mapping[str, Normaliser], actual: Mapping[str, Normaliser]) -> list[str]:
+    """Differences between the source's rows and a Delta table's rows, per key and column, after each
+    side's normaliser (a normaliser raises ``TypeError`` for a value of the wrong type). Empty: equal."""
+    problems: list[str] = []
+    by_key_actual: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in actual_rows:
+        row_key = tuple(row.get(k) for k in key)
+        if row_key in by_key_actual:
+            problems.append(f"key {row_key}: more than one row in Delta")
+        by_key_actual[row_key] = row
+    by_key_expected = {tuple(row[k] for k in key): row for row in expected_rows}
+    for row_key in sorted(set(by_key_expected) - set(by_key_actual), key=repr):
+        problems.append(f"key {row_key}: in the source, missing from Delta")
+    for row_key in sorted(set(by_key_actual) - set(by_key_expected), key=repr):
+        problems.append(f"key {row_key}: in Delta, not in the source: {by_key_actual[row_key]}")
+    for row_key in sorted(set(by_key_expected) & set(by_key_actual), key=repr):
+        source, target = by_key_expected[row_key], by_key_actual[row_key]
+        for column, source_value in source.items():
+            if column not in target:
+                problems.append(f"key {row_key}: column {column} missing from Delta")
+                continue
+            want = expected.get(column, _same)(source_value) if source_value is not None else None
+            try:
+                got = actual.get(column, _same)(target[column]) if target[column] is not None else None
+            except (TypeError, ValueError) as exc:
+                got = f"<{type(target[column]).__name__} {target[column]!r}: {exc}>"
+            if not _equal(want, got):
+                problems.append(f"key {row_key}: {column}: source {want!r}, Delta {got!r} (raw {target[column]!r})")
+    return problems
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _equal(want: Any, got: Any) -> bool:
+    # Same type and value: a double that arrives as text, or an int as a float, is a difference.
+    return type(want) is type(got) and want == got
+
+
+def summarise(problems: list[str], limit: int = 25) -> str:
+    """A readable failure message: per column how many rows differ, then the first differences."""
+    per_column: dict[str, int] = {}
+    for problem in problems:
+        column = problem.split(": ")[1] if problem.count(": ") >= 2 else "rows"
+        per_column[column] = per_column.get(column, 0) + 1
+    head = ", ".join(f"{column}: {count}" for column, count in sorted(per_column.items()))
+    return f"{len(problems)} differences ({head}):\n  " + "\n  ".join(problems[:limit])
+
+
+# Normalisers: turn a value into the canonical Python value compared, refusing values of the wrong type.
+
+def typed(kind: type | tuple[type, ...]) -> Normaliser:
+    """The value itself, which must be of type ``kind``."""
+    def check(value: Any) -> Any:
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise TypeError(f"expected {kind}")
+        return value
+    return check
+
+
+def decimal_value(value: Any) -> Decimal:
+    """A Decimal column read exactly (a Decimal, or exact decimal text where the setting sends strings)."""
+    if isinstance(value, Decimal):
+        return value
+    raise TypeError("expected a decimal")
+
+
+def decimal_text(value: Any) -> Decimal:
+    """A string column holding a decimal's exact text."""
+    if not isinstance(value, str):
+        raise TypeError("expected decimal text")
+    return Decimal(value)
+
+
+def decimal_or_text(value: Any) -> Decimal:
+    """Exact as a decimal column or as exact decimal text."""
+    return value if isinstance(value, Decimal) else decimal_text(value)
+
+
+def as_float(value: Any) -> float:
+    """A double column; the source side's decimals become the nearest double (as Java's doubleValue)."""
+    if isinstance(value, Decimal):
+        return float(value)
+    if not isinstance(value, float):
+        raise TypeError("expected a double")
+    return value
+
+
+def base64_bytes(value: Any) -> bytes:
+    """A base64 string column, decoded."""
+    if not isinstance(value, str):
+        raise TypeError("expected base64 text")
+    return base64.b64decode(value, validate=True)
+
+
+def hex_bytes(value: Any) -> bytes:
+    """A hex string column, decoded."""
+    if not isinstance(value, str):
+        raise TypeError("expected hex text")
+    return bytes.fromhex(value)
+
+
+def time_text(value: Any) -> dt.time:
+    """The project's time-of-day string (``HH:mm:ss.SSSSSS``, ZonedTime with ``Z``), parsed."""
+    if not isinstance(value, str):
+        raise TypeError("expected time text")
+    return dt.time.fromisoformat(value)
+
+
+def utc_time(value: dt.time) -> dt.time:
+    """A ``timetz`` in UTC."""
+    moment = dt.datetime.combine(dt.date(2000, 1, 3), value.replace(tzinfo=None)) - value.utcoffset()
+    return moment.time().replace(tzinfo=dt.timezone.utc)
+
+
+def to_millis(value: dt.time | dt.datetime) -> dt.time | dt.datetime:
+    """Truncated to milliseconds (``time.precision.mode=connect``)."""
+    return value.replace(microsecond=value.microsecond // 1000 * 1000)
+
+
+def instant(value: Any) -> dt.datetime:
+    """An aware timestamp as a UTC instant."""
+    if not isinstance(value, dt.datetime) or value.tzinfo is None:
+        raise TypeError("expected an aware timestamp")
+    return value.astimezone(dt.timezone.utc)
+
+
+def naive_timestamp(value: Any) -> dt.datetime:
+    """A wall-clock timestamp (timestamp_ntz)."""
+    if not isinstance(value, dt.datetime) or value.tzinfo is not None:
+        raise TypeError("expected a timestamp without time zone")
+    return value
+
+
+def interval_micros(parts: list[Decimal]) -> int:
+    """Debezium's ``MicroDuration`` of an interval given as (years, months, days, hours, minutes, seconds):
+    months at the average length of 365.25 / 12 days, computed in doubles as Debezium does."""
+    years, months, days, hours, minutes, seconds = parts
+    days_total = (int(years) * 12 + int(months)) * (365.25 / 12.0) + int(days)
+    seconds_total = (((days_total * 24 + int(hours)) * 60) + int(minutes)) * 60 + float(seconds)
+    return int(seconds_total * 1e6)

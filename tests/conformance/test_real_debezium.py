@@ -1,0 +1,521 @@
+"""Conformance with real Debezium: a private PostgreSQL captured by Debezium's PostgreSQL connector (embedded
+engine, pgoutput, JSON converter) producing into the test broker as Kafka Connect does; the project's own
+Dagster jobs merge the topics; every Delta table must equal its source table, which is the oracle.
+
+One Debezium run (a subprocess with several connectors over one database, restarted once mid-stream)
+feeds every test of this module: fixed edge cases and seeded random workloads are written first, then
+each test merges one connector's topics with ``cdc_merge_job`` and compares.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from deltalake import DeltaTable
+
+from cdc_assets.io.delta import DeltaTarget
+from cdc_assets.io.transactions import consistent_versions
+from tests.conformance import harness as h
+from tests.conformance import workloads as w
+
+SEED = 23_2023
+SIGNAL_DSN_ENV = "CDC_CONFORMANCE_SIGNAL_DSN"
+PLACEHOLDER = "__unchanged__"
+DEFAULT_PLACEHOLDER = "__debezium_unavailable_value"
+
+# Each connector: its tables and the Debezium settings it varies.
+CONNECTORS: dict[str, tuple[list[str], dict[str, str]]] = {
+    "p": (["alltypes", "toast", "full_ident", "nokey", "trunc", "rnd"],
+          {"skipped.operations": "none", "message.key.columns": "public.nokey:code",
+           "decimal.handling.mode": "precise", "time.precision.mode": "adaptive", "binary.handling.mode": "bytes"}),
+    "s": (["alltypes"], {"decimal.handling.mode": "string", "time.precision.mode": "adaptive_time_microseconds",
+                         "binary.handling.mode": "base64"}),
+    "d": (["alltypes"], {"decimal.handling.mode": "double", "time.precision.mode": "connect",
+                         "binary.handling.mode": "hex"}),
+    "n": (["alltypes", "rnd"], {"converter.schemas.enable": "false", "decimal.handling.mode": "string"}),
+    "h": (["toast"], {"unavailable.value.placeholder": PLACEHOLDER}),
+    "tx": (["tx_a", "tx_b"], {"provide.transaction.metadata": "true"}),
+    "sig": (["snap_k", "snap_s", "snap_big", "debezium_signal"],
+            {"snapshot.mode": "no_data", "signal.enabled.channels": "source,kafka",
+             "signal.data.collection": "public.debezium_signal", "incremental.snapshot.chunk.size": "16",
+             "signal.poll.interval.ms": "200",
+             "notification.enabled.channels": "sink"}),
+}
+
+
+@dataclass
+class World:
+    """The captured database after the workload, and where everything went."""
+
+    dsn: str
+    bootstrap_servers: str
+    root: Path
+    prefixes: dict[str, str]
+    runner: h.DebeziumRunner
+    midstream_failures: list[str] = field(default_factory=list)
+    marker: int = 0
+    snapshot_notifications: list[dict[str, Any]] = field(default_factory=list)
+    acted_on: dict[str, dict[str, Any]] = field(default_factory=dict)  # signal job -> the notification it caused
+    merged: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+    def config(self, connector: str, tables: str, extra: str = "", writer: str = "delta-rs") -> str:
+        """A pipeline config with one connector; ``tables`` is its YAML list of tables."""
+        return f"""\
+kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
+delta: {{root: "{self.root / writer}", writer: {writer}}}
+batch: {{max_records: 300, poll_timeout_s: 5, max_batches_per_run: 200}}
+connectors:
+  - name: {connector}
+    kind: postgresql
+    topic.prefix: {self.prefixes[connector]}
+{extra}    tables:
+{tables}"""
+
+    def merge(self, connector: str, tables: str, extra: str = "", writer: str = "delta-rs") -> list[str]:
+        """``cdc_merge_job`` over a connector's tables (once per connector and writer); its failed steps."""
+        if (connector, writer) not in self.merged:
+            result = h.run_job(self.config(connector, tables, extra, writer))
+            self.merged[(connector, writer)] = h.failures(result)
+        return self.merged[(connector, writer)]
+
+    def path(self, connector: str, table: str, writer: str = "delta-rs") -> Path:
+        """The default Delta path of a table."""
+        return self.root / writer / self.prefixes[connector] / "public" / table
+
+
+def _marker(connection: psycopg.Connection, world: World) -> None:
+    """Write the next marker row and wait until every connector has produced it (and all before it)."""
+    world.marker += 1
+    connection.execute("INSERT INTO cdc_marker VALUES (%s)", [world.marker])
+    world.runner.wait_for_marker(world.marker)
+
+
+def _first_marker(connection: psycopg.Connection, world: World) -> None:
+    """Wait until every connector streams: a connector without an initial snapshot sees only markers written
+    after its replication slot exists, so markers are written until each has seen one."""
+    deadline = time.monotonic() + 180
+    while True:
+        world.marker += 1
+        connection.execute("INSERT INTO cdc_marker VALUES (%s)", [world.marker])
+        try:
+            world.runner.wait_for_marker(1, timeout_s=3)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+
+
+def _snapshot_while_writing(world: World, connection: psycopg.Connection, rng: random.Random, table: str,
+                            ids: list[int], next_id: int, channel: str, completed_before: int) -> int:
+    """Start an incremental snapshot of ``table`` with the project's job, write to it until Debezium says the
+    snapshot completed; returns the next free id."""
+    run = h.run_job(world.config("sig", SIG_TABLES, SIG_EXTRA.format(prefix=world.prefixes["sig"])),
+                    "incremental_snapshot_job",
+                    {"ops": {"send_execute_snapshot": {"config": {"connector": "sig", "tables": [f"public.{table}"],
+                                                                  "channel": channel}}}})
+    assert run.success, h.failures(run)
+
+    def completed(notifications: list[dict[str, Any]]) -> int:
+        return sum(1 for n in notifications if n.get("aggregate_type") == "Incremental Snapshot"
+                   and n.get("type") == "COMPLETED")
+
+    while True:
+        next_id = w.snap_changes(connection, rng, table, ids, next_id, 3)
+        notifications = world.runner.status().get("notifications", {}).get(f"{world.prefixes['sig']}.notifications",
+                                                                            [])
+        if completed(notifications) > completed_before:
+            world.snapshot_notifications = notifications
+            return next_id
+        world.runner.check_alive(f"the incremental snapshot of {table}")
+
+
+SIG_TABLES = "      - {name: public.snap_k}\n      - {name: public.snap_s}\n      - {name: public.snap_big}\n"
+
+
+def _notifications(world: World, aggregate: str, kind: str) -> list[dict[str, Any]]:
+    sent = world.runner.status().get("notifications", {}).get(f"{world.prefixes['sig']}.notifications", [])
+    return [n for n in sent if n.get("aggregate_type") == aggregate and n.get("type") == kind]
+
+
+def _after(world: World, aggregate: str, kind: str, seen: int, what: str, timeout_s: float = 300) -> dict[str, Any]:
+    """The first ``aggregate``/``kind`` notification beyond the ``seen`` ones, waiting for it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = _notifications(world, aggregate, kind)
+        if len(found) > seen:
+            return found[seen]
+        world.runner.check_alive(what)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the connector did not act on {what} in {timeout_s}s: "
+                                 f"{world.runner.status().get('notifications')}")
+        time.sleep(0.2)
+
+
+def _pause_resume_and_block(world: World, sig_config: str) -> dict[str, dict[str, Any]]:
+    """Run the project's signal jobs against the real connector and return the notification each caused."""
+    def job(name: str, op: str, **settings: Any) -> None:
+        run = h.run_job(sig_config, name, {"ops": {op: {"config": {"connector": "sig", "channel": "kafka",
+                                                                    **settings}}}})
+        assert run.success, h.failures(run)
+
+    incremental, initial = "Incremental Snapshot", "Initial Snapshot"
+    completed = len(_notifications(world, incremental, "COMPLETED"))
+    blocking_done = len(_notifications(world, initial, "COMPLETED"))
+    started = len(_notifications(world, incremental, "STARTED"))
+    acted: dict[str, dict[str, Any]] = {}
+    job("incremental_snapshot_job", "send_execute_snapshot", tables=["public.snap_big"])
+    _after(world, incremental, "STARTED", started, "execute-snapshot")
+    job("pause_snapshot_job", "send_pause_snapshot")
+    acted["pause_snapshot_job"] = _after(world, incremental, "PAUSED", 0, "pause-snapshot")
+    job("resume_snapshot_job", "send_resume_snapshot")
+    acted["resume_snapshot_job"] = _after(world, incremental, "RESUMED", 0, "resume-snapshot")
+    _after(world, incremental, "COMPLETED", completed, "the resumed snapshot")
+    job("incremental_snapshot_job", "send_execute_snapshot", tables=["public.snap_s"], snapshot_type="blocking")
+    acted["blocking snapshot"] = _after(world, initial, "COMPLETED", blocking_done, "a blocking snapshot")
+    return acted
+SIG_EXTRA = f"""\
+    signal: {{channel: kafka, topic: "{{prefix}}.signals", table: public.debezium_signal, dsn_env: {SIGNAL_DSN_ENV}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def world(broker: Any, postgres: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """Runs the whole captured workload once; the tests then merge and compare."""
+    run_id = uuid.uuid4().hex[:6]
+    dsn = postgres.create_database(f"conformance_{run_id}")
+    work = tmp_path_factory.mktemp("debezium")
+    prefixes = {name: f"cf{run_id}{name}" for name in CONNECTORS}
+    rng = random.Random(SEED)
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(w.SCHEMA)
+        for row in w.EDGE_ROWS:
+            w.insert(connection, "alltypes", row, w.ALLTYPES)
+        alltypes_ids = [row["id"] for row in w.EDGE_ROWS]
+        next_alltypes = w.alltypes_random_changes(connection, rng, alltypes_ids, 100, 25)
+        toast_ids = list(range(1, 9))
+        for row_id in toast_ids:
+            w.insert(connection, "toast", w.big_toast_row(rng, row_id), w.TOAST_TYPES)
+        next_toast = 100
+        connection.execute("INSERT INTO full_ident SELECT g, 'v' || g, g * 1.25, repeat('x', 3000) "
+                           "FROM generate_series(1, 20) g")
+        connection.execute("INSERT INTO nokey SELECT 'code-' || g, g, 'n' FROM generate_series(1, 10) g")
+        connection.execute("INSERT INTO trunc SELECT g, 'before truncate' FROM generate_series(1, 5) g")
+        rnd_ids: list[int] = []
+        next_rnd = w.rnd_changes(connection, rng, rnd_ids, 1, 60)
+        tx_ids: dict[str, list[int]] = {"tx_a": [], "tx_b": []}
+        next_tx = w.tx_changes(connection, rng, tx_ids, 1, 5)
+        snap_ids = {t: list(range(1, 401)) for t in ("snap_k", "snap_s")}
+        for table in snap_ids:
+            connection.execute(f"INSERT INTO {table} SELECT g, 'before capture ' || g, 0 "
+                               "FROM generate_series(1, 400) g")
+        next_snap = 1000
+        # Large enough (1,250 chunks) for an incremental snapshot to be paused before it ends.
+        connection.execute("INSERT INTO snap_big SELECT g, 'before capture ' || g, 0 FROM generate_series(1, 20000) g")
+
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})  # kept alive until the topic exists
+        signal_topic = f"{prefixes['sig']}.signals"
+        admin.create_topics([NewTopic(signal_topic, num_partitions=1, replication_factor=1)])[signal_topic].result()
+        dsn_parts = h.parse_dsn(dsn)
+        connectors = []
+        for name, (tables, settings) in CONNECTORS.items():
+            properties = h.connector_properties(name, prefixes[name], dsn_parts,
+                                                [f"public.{t}" for t in [*tables, "cdc_marker"]], work, **settings)
+            if name == "sig":
+                properties.update({"signal.kafka.topic": f"{prefixes['sig']}.signals",
+                                   "signal.kafka.bootstrap.servers": broker.bootstrap_servers,
+                                   "signal.kafka.groupId": f"signals-{run_id}",
+                                   "notification.sink.topic.name": f"{prefixes['sig']}.notifications"})
+            connectors.append(properties)
+        runner = h.DebeziumRunner(broker.bootstrap_servers, connectors, work)
+        world = World(dsn, broker.bootstrap_servers, work / "delta", prefixes, runner)
+        os.environ[SIGNAL_DSN_ENV] = dsn
+        runner.start()
+        try:
+            _first_marker(connection, world)
+
+            # Phase 1: streamed changes of every kind.
+            next_alltypes = w.alltypes_random_changes(connection, rng, alltypes_ids, next_alltypes, 40)
+            connection.execute("UPDATE alltypes SET c_text = c_text || '!' WHERE id = 1")
+            next_toast = w.toast_changes(connection, rng, toast_ids, next_toast, 30)
+            connection.execute("UPDATE full_ident SET v = v || '+', n = n * 2 WHERE id % 3 = 0")
+            connection.execute("DELETE FROM full_ident WHERE id % 7 = 0")
+            connection.execute("UPDATE nokey SET v = v * 10 WHERE v % 2 = 0")
+            connection.execute("UPDATE nokey SET code = 'renamed-3' WHERE code = 'code-3'")
+            connection.execute("DELETE FROM nokey WHERE code = 'code-5'")
+            connection.execute("TRUNCATE trunc")
+            connection.execute("INSERT INTO trunc SELECT g, 'after truncate' FROM generate_series(3, 8) g")
+            connection.execute("UPDATE trunc SET v = 'updated' WHERE id = 6")
+            next_rnd = w.rnd_changes(connection, rng, rnd_ids, next_rnd, 250)
+            next_tx = w.tx_changes(connection, rng, tx_ids, next_tx, 15)
+            _marker(connection, world)
+            world.midstream_failures = world.merge("p", _p_tables(world))
+            world.merged.clear()
+
+            # Phase 2: Debezium killed mid-stream, writes while it is down, restarted (it replays).
+            next_rnd = w.rnd_changes(connection, rng, rnd_ids, next_rnd, 100)
+            next_toast = w.toast_changes(connection, rng, toast_ids, next_toast, 15)
+            next_tx = w.tx_changes(connection, rng, tx_ids, next_tx, 8)
+            runner.kill()
+            next_rnd = w.rnd_changes(connection, rng, rnd_ids, next_rnd, 100)
+            next_alltypes = w.alltypes_random_changes(connection, rng, alltypes_ids, next_alltypes, 30)
+            next_toast = w.toast_changes(connection, rng, toast_ids, next_toast, 15)
+            next_tx = w.tx_changes(connection, rng, tx_ids, next_tx, 8)
+            runner.start()
+            _marker(connection, world)
+
+            # Phase 3: incremental snapshots through both channels while writes go on, then one stopped.
+            next_snap = _snapshot_while_writing(world, connection, rng, "snap_k", snap_ids["snap_k"], next_snap,
+                                                "kafka", 0)
+            next_snap = _snapshot_while_writing(world, connection, rng, "snap_s", snap_ids["snap_s"], next_snap,
+                                                "source", 1)
+            sig_config = world.config("sig", SIG_TABLES, SIG_EXTRA.format(prefix=prefixes["sig"]))
+            started = h.run_job(sig_config, "incremental_snapshot_job", {"ops": {"send_execute_snapshot": {
+                "config": {"connector": "sig", "tables": ["public.snap_k"], "channel": "source"}}}})
+            stopped = h.run_job(sig_config, "stop_snapshot_job", {"ops": {"send_stop_snapshot": {
+                "config": {"connector": "sig", "tables": ["public.snap_k"], "channel": "source"}}}})
+            assert started.success and stopped.success, h.failures(started) + h.failures(stopped)
+            runner.wait_for_notification(prefixes["sig"], lambda n: n.get("type") == "ABORTED", "snapshot aborted")
+            w.snap_changes(connection, rng, "snap_k", snap_ids["snap_k"], next_snap, 20)
+
+            # Phase 4: the connector acts on pause, resume and a blocking snapshot sent by the project's jobs.
+            world.acted_on = _pause_resume_and_block(world, sig_config)
+
+            next_rnd = w.rnd_changes(connection, rng, rnd_ids, next_rnd, 50)
+            next_tx = w.tx_changes(connection, rng, tx_ids, next_tx, 5)
+            _marker(connection, world)
+        finally:
+            runner.stop()
+            os.environ.pop(SIGNAL_DSN_ENV, None)
+    yield world
+
+
+P_TABLES = """\
+      - {name: public.alltypes}
+      - {name: public.toast}
+      - {name: public.toast_scd2, topic: TOPIC_toast, path: p/toast_scd2, apply_mode: scd2}
+      - {name: public.full_ident}
+      - {name: public.nokey}
+      - {name: public.rnd}
+      - {name: public.rnd_soft, topic: TOPIC_rnd, path: p/rnd_soft, apply_mode: soft_delete}
+      - {name: public.rnd_scd2, topic: TOPIC_rnd, path: p/rnd_scd2, apply_mode: scd2}
+"""
+
+
+def _p_tables(world: World) -> str:
+    return P_TABLES.replace("TOPIC_", f"{world.prefixes['p']}.public.")
+
+
+# --- the oracle's view of each table and how each side is normalised ---
+
+_ORACLE_CASTS = {
+    "c_money": "c_money::numeric", "c_uuid": "c_uuid::text", "c_json": "c_json::text", "c_jsonb": "c_jsonb::text",
+    "c_enum": "c_enum::text",
+    # Debezium reads an interval's fields (years ... seconds); MicroDuration is computed from them.
+    "c_interval": "CASE WHEN c_interval IS NOT NULL THEN ARRAY[extract(year FROM c_interval), "
+                  "extract(month FROM c_interval), extract(day FROM c_interval), extract(hour FROM c_interval), "
+                  "extract(minute FROM c_interval), extract(second FROM c_interval)] END",
+}
+ALLTYPES_QUERY = "SELECT id, " + ", ".join(f"{_ORACLE_CASTS.get(c, c)} AS {c}" for c in w.ALLTYPES) + " FROM alltypes"
+
+
+def _expected_alltypes(time_mode: str, decimal_mode: str) -> dict[str, h.Normaliser]:
+    millis = time_mode == "connect"
+    expected: dict[str, h.Normaliser] = {
+        "c_timetz": h.utc_time,
+        "c_tstz": h.instant,
+        "c_interval": h.interval_micros,
+        "c_time": h.to_millis if millis else (lambda v: v),
+        "c_ts": h.to_millis if millis else (lambda v: v),
+    }
+    if decimal_mode == "double":
+        expected.update({c: h.as_float for c in ("c_num", "c_num_wide", "c_num0", "c_numeric", "c_numeric_extreme",
+                                                  "c_money")})
+    return expected
+
+
+def _actual_alltypes(decimal_mode: str, binary_mode: str) -> dict[str, h.Normaliser]:
+    decimals = {"precise": h.decimal_value, "string": h.decimal_text, "double": h.as_float}[decimal_mode]
+    variable = h.decimal_or_text if decimal_mode == "precise" else decimals
+    return {
+        "id": h.typed(int), "c_smallint": h.typed(int), "c_int": h.typed(int), "c_bigint": h.typed(int),
+        "c_num": decimals, "c_num_wide": decimals, "c_num0": decimals, "c_money": decimals,
+        "c_numeric": variable, "c_numeric_extreme": variable,
+        "c_real": h.as_float, "c_double": h.as_float, "c_bool": h.typed(bool),
+        "c_char": h.typed(str), "c_varchar": h.typed(str), "c_text": h.typed(str),
+        "c_bytea": {"bytes": h.typed(bytes), "base64": h.base64_bytes, "hex": h.hex_bytes}[binary_mode],
+        "c_date": h.typed(dt.date), "c_time": h.time_text, "c_timetz": h.time_text,
+        "c_ts": h.naive_timestamp, "c_ts3": h.naive_timestamp, "c_tstz": h.instant, "c_interval": h.typed(int),
+        "c_uuid": h.typed(str), "c_json": h.typed(str), "c_jsonb": h.typed(str), "c_enum": h.typed(str),
+        "c_int_arr": h.typed(list), "c_text_arr": h.typed(list),
+    }
+
+
+def _assert_equal(world: World, connector: str, table: str, query: str, expected: dict[str, h.Normaliser],
+                  actual: dict[str, h.Normaliser], key: tuple[str, ...] = ("id",), apply_mode: str = "scd1",
+                  path: Path | None = None) -> None:
+    rows = h.current_rows(path or world.path(connector, table), apply_mode)
+    problems = h.compare(h.source_rows(world.dsn, query), rows, key, expected, actual)
+    assert not problems, f"{connector}/{table} ({apply_mode}): " + h.summarise(problems)
+
+
+@pytest.mark.parametrize(("connector", "decimal_mode", "time_mode", "binary_mode"), [
+    ("p", "precise", "adaptive", "bytes"),
+    ("s", "string", "adaptive_time_microseconds", "base64"),
+    ("d", "double", "connect", "hex"),
+])
+def test_every_type_under_each_setting_equals_the_source(world, connector, decimal_mode, time_mode, binary_mode):
+    tables = _p_tables(world) if connector == "p" else "      - {name: public.alltypes}\n"
+    failed = world.merge(connector, tables)
+    assert not failed, failed
+    _assert_equal(world, connector, "alltypes", ALLTYPES_QUERY, _expected_alltypes(time_mode, decimal_mode),
+                  _actual_alltypes(decimal_mode, binary_mode))
+
+
+NO_SCHEMA_COLUMNS = {
+    "id": "bigint", "c_smallint": "bigint", "c_int": "bigint", "c_bigint": "bigint", "c_num": "decimal(20,8)",
+    "c_num_wide": "decimal(38,12)", "c_num0": "decimal(10,0)", "c_numeric": "decimal(38,18)",
+    "c_numeric_extreme": "string", "c_real": "double", "c_double": "double", "c_money": "decimal(38,2)",
+    "c_bool": "boolean", "c_char": "string", "c_varchar": "string", "c_text": "string", "c_bytea": "binary",
+    "c_date": "date", "c_time": "string", "c_timetz": "string", "c_ts": "timestamp_ntz", "c_ts3": "timestamp_ntz",
+    "c_tstz": "timestamp", "c_interval": "bigint", "c_uuid": "string", "c_json": "string", "c_jsonb": "string",
+    "c_enum": "string", "c_int_arr": "array<bigint>", "c_text_arr": "array<string>",
+}
+
+
+def test_schemas_off_the_columns_config_reads_debeziums_encodings(world):
+    columns = ", ".join(f'"{k}": "{v}"' for k, v in NO_SCHEMA_COLUMNS.items())
+    tables = (f"      - {{name: public.alltypes, columns: {{{columns}}}}}\n"
+              '      - {name: public.rnd, columns: {id: bigint, grp: bigint, name: string, amount: "decimal(12,4)", '
+              "score: double, at: timestamp}}\n")
+    failed = world.merge("n", tables)
+    assert not failed, failed
+    actual = _actual_alltypes("precise", "bytes")
+    actual.update({"c_numeric": h.decimal_or_text, "c_numeric_extreme": h.decimal_or_text})
+    _assert_equal(world, "n", "rnd", "SELECT * FROM rnd", {"at": h.instant}, RND_ACTUAL)
+    _assert_equal(world, "n", "alltypes", ALLTYPES_QUERY, _expected_alltypes("adaptive", "string"), actual)
+
+
+TOAST_QUERY = "SELECT id, small, t, jb::text AS jb, b, arr, iarr FROM toast"
+TOAST_ACTUAL = {"id": h.typed(int), "small": h.typed(int), "t": h.typed(str), "jb": h.typed(str),
+                "b": h.typed(bytes), "arr": h.typed(list), "iarr": h.typed(list)}
+
+
+def _placeholders_in(rows: list[dict[str, Any]], placeholder: str) -> list[str]:
+    found = []
+    for row in rows:
+        for column, value in row.items():
+            text = value.decode("latin-1") if isinstance(value, bytes) else repr(value)
+            if placeholder in text:
+                found.append(f"id {row.get('id')}: {column}")
+    return found
+
+
+def test_toast_placeholders_never_reach_a_table(world):
+    """REPLICA IDENTITY DEFAULT: updates that leave large text/jsonb/bytea/array values alone carry
+    Debezium's placeholder; the tables keep the real values (scd1, and every scd2 version)."""
+    failed = world.merge("p", _p_tables(world))
+    assert not failed, failed
+    _assert_equal(world, "p", "toast", TOAST_QUERY, {}, TOAST_ACTUAL)
+    scd2 = world.root / "delta-rs" / "p" / "toast_scd2"
+    _assert_equal(world, "p", "toast", TOAST_QUERY, {}, TOAST_ACTUAL, apply_mode="scd2", path=scd2)
+    assert _placeholders_in(h.delta_rows(scd2), DEFAULT_PLACEHOLDER) == []
+
+
+def test_a_custom_unavailable_value_placeholder_is_configurable_per_connector(world):
+    failed = world.merge("h", "      - {name: public.toast}\n",
+                         f"    unavailable_value_placeholder: {PLACEHOLDER}\n")
+    assert not failed, failed
+    _assert_equal(world, "h", "toast", TOAST_QUERY, {}, TOAST_ACTUAL)
+
+
+RND_ACTUAL = {"id": h.typed(int), "grp": h.typed(int), "name": h.typed(str), "amount": h.decimal_value,
+              "score": h.as_float, "at": h.instant}
+
+
+TRUNC_TABLES = """\
+      - {name: public.trunc}
+      - {name: public.trunc_ignored, topic: TOPIC_trunc, path: p/trunc_ignored, on_truncate: ignore}
+"""
+
+
+def test_replica_identity_full_message_key_columns_and_truncate(world):
+    failed = world.merge("p", _p_tables(world))
+    assert not failed, failed
+    _assert_equal(world, "p", "full_ident", "SELECT * FROM full_ident", {}, {"n": h.decimal_value})
+    _assert_equal(world, "p", "nokey", "SELECT * FROM nokey", {}, {"v": h.typed(int)}, key=("code",))
+
+    # TRUNCATE (op t, skipped.operations=none): by default the table halts at it, naming where, and keeps
+    # its rows; with on_truncate: ignore the rest applies and the rows from before the TRUNCATE stay.
+    topic = f"{world.prefixes['p']}.public.trunc"
+    run = h.run_job(world.config("p", TRUNC_TABLES.replace("TOPIC_", f"{world.prefixes['p']}.public.")))
+    [halted] = h.failures(run)
+    assert f"{topic} partition" in halted and "TRUNCATE of table 'public.trunc'" in halted, halted
+    kept = {row["id"]: row["v"] for row in h.delta_rows(world.root / "delta-rs" / "p" / "trunc_ignored")}
+    with psycopg.connect(world.dsn) as connection:
+        source = dict(connection.execute("SELECT id, v FROM trunc").fetchall())
+    assert kept == {1: "before truncate", 2: "before truncate", **source}
+
+
+@pytest.mark.parametrize("apply_mode", ["scd1", "soft_delete", "scd2"])
+def test_random_workload_with_key_changes_and_a_restart_in_every_apply_mode(world, apply_mode):
+    """Seeded random inserts, updates, deletes and primary-key changes, merged once mid-stream, with
+    Debezium killed and restarted (its replay must change nothing)."""
+    failed = world.merge("p", _p_tables(world))
+    assert not world.midstream_failures and not failed, world.midstream_failures + failed
+    path = {"scd1": world.path("p", "rnd"), "soft_delete": world.root / "delta-rs" / "p" / "rnd_soft",
+            "scd2": world.root / "delta-rs" / "p" / "rnd_scd2"}[apply_mode]
+    _assert_equal(world, "p", "rnd", "SELECT * FROM rnd", {"at": h.instant}, RND_ACTUAL, apply_mode=apply_mode,
+                  path=path)
+    if apply_mode == "scd2":
+        current: dict[int, int] = {}
+        for row in h.delta_rows(path):
+            current[row["id"]] = current.get(row["id"], 0) + bool(row["_cdc_current"])
+        assert {k: n for k, n in current.items() if n > 1} == {}
+        assert world.runner.starts == 2
+
+
+def test_multi_table_transactions_are_applied_whole(world):
+    tables = "      - {name: public.tx_a}\n      - {name: public.tx_b}\n"
+    failed = world.merge("tx", tables, "    transaction_metadata: true\n")
+    assert not failed, failed
+    for table in ("tx_a", "tx_b"):
+        _assert_equal(world, "tx", table, f"SELECT * FROM {table}", {}, {"v": h.typed(int)})
+    transaction, versions = consistent_versions(
+        DeltaTarget(str(world.root / "delta-rs" / "_cdc_assets" / "watermarks")), "tx")
+    assert transaction is not None
+    assert versions == {f"public.{t}": DeltaTable(str(world.path("tx", t))).version() for t in ("tx_a", "tx_b")}
+
+
+def test_the_connector_acts_on_pause_resume_and_a_blocking_snapshot(world):
+    """pause_snapshot_job paused the running incremental snapshot, resume_snapshot_job resumed it (it then
+    completed), and incremental_snapshot_job with snapshot_type blocking ran a blocking snapshot; every
+    row of the large table, read before capture, reached Delta through the resumed snapshot."""
+    assert set(world.acted_on) == {"pause_snapshot_job", "resume_snapshot_job", "blocking snapshot"}
+    failed = world.merge("sig", SIG_TABLES, SIG_EXTRA.format(prefix=world.prefixes["sig"]))
+    assert not failed, failed
+    _assert_equal(world, "sig", "snap_big", "SELECT * FROM snap_big", {}, {"n": h.typed(int)})
+
+
+def test_incremental_snapshots_through_both_channels_while_writing(world):
+    """Rows that predate capture (snapshot.mode=no_data) reach Delta only through the incremental snapshots
+    the project's incremental_snapshot_job requested (Kafka signal topic, then signal table), while writes
+    went on; stop_snapshot_job aborted a third one."""
+    kinds = [n.get("type") for n in world.snapshot_notifications]
+    assert kinds.count("COMPLETED") >= 2, kinds
+    failed = world.merge("sig", SIG_TABLES, SIG_EXTRA.format(prefix=world.prefixes["sig"]))
+    assert not failed, failed
+    for table in ("snap_k", "snap_s"):
+        _assert_equal(world, "sig", table, f"SELECT * FROM {table}", {}, {"n": h.typed(int)})
+    with psycopg.connect(world.dsn) as connection:
+        assert connection.execute("SELECT count(*) FROM snap_k WHERE v LIKE 'before capture%'").fetchone()[0] > 300
