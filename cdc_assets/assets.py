@@ -15,7 +15,6 @@ from dagster import (
     TableSchema,
     asset,
 )
-from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 from pyspark.sql.types import StructType
 
@@ -25,7 +24,7 @@ from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.pipeline import BatchReport
-from cdc_assets.resources import DeltaResource, KafkaResource
+from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator, dagster_name
 
 CDC_KINDS = {"spark", "delta", "kafka"}
@@ -131,7 +130,7 @@ def build_cdc_asset(table: CapturedTable, limits: BatchLimits, peers: Mapping[st
         tags=translator.get_tags(table),
         freshness_policy=translator.get_freshness_policy(table),
     )
-    def merge_table(context: AssetExecutionContext, config: MergeConfig, spark: LazyPySparkResource,
+    def merge_table(context: AssetExecutionContext, config: MergeConfig, spark: SparkResource,
                     kafka: KafkaResource, delta: DeltaResource) -> MaterializeResult:
         session = spark.spark_session
         overrides = {"max_records": config.max_records_per_batch, "max_batches_per_run": config.max_batches_per_run}

@@ -20,7 +20,6 @@ from dagster import (
     asset_check,
     multi_asset_check,
 )
-from dagster_pyspark import LazyPySparkResource
 from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
@@ -28,11 +27,11 @@ from cdc_assets.io.delta import DeltaRsWriter, KeyReport
 from cdc_assets.io.freshness import TableFreshness, freshness_verdict, last_heartbeat, table_freshness
 from cdc_assets.io.registry import read_registry
 from cdc_assets.io.transactions import latest_watermark
-from cdc_assets.resources import DeltaResource, KafkaResource
+from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator, dagster_name
 
 
-def _key_report(table: CapturedTable, delta: DeltaResource, spark: LazyPySparkResource) -> KeyReport | None:
+def _key_report(table: CapturedTable, delta: DeltaResource, spark: SparkResource) -> KeyReport | None:
     """Key statistics of the table; its key columns are the configured ones, else those its last
     batch commit recorded (taken from the record keys)."""
     writer = delta.writer_for_schema_changes(spark)
@@ -82,7 +81,7 @@ def build_table_checks(table: CapturedTable, translator: CdcTranslator | None = 
         can_subset=True,
     )
     def key_checks(context: AssetCheckExecutionContext, delta: DeltaResource,
-                   spark: LazyPySparkResource) -> Iterator[AssetCheckResult]:
+                   spark: SparkResource) -> Iterator[AssetCheckResult]:
         # One scan of the keys serves both checks.
         report = _key_report(table, delta, spark)
         selected = {check.name for check in context.selected_asset_check_keys}
@@ -133,7 +132,7 @@ def build_table_checks(table: CapturedTable, translator: CdcTranslator | None = 
     @asset_check(asset=key, name="schema_matches_source",
                  description=f"The Delta table of {name} has every column the source last announced.")
     def schema_matches_source(context: AssetCheckExecutionContext, delta: DeltaResource,
-                              spark: LazyPySparkResource) -> AssetCheckResult:
+                              spark: SparkResource) -> AssetCheckResult:
         entry = read_registry(delta.registry_path, delta.storage_options).get((table.connector, name))
         if entry is None:
             return AssetCheckResult(passed=True, metadata={"note": "no schema-change event announced this table"})

@@ -6,7 +6,6 @@ import os
 from typing import Any
 
 from dagster import Config, ConfigurableResource, EnvVar, InitResourceContext
-from dagster_pyspark import LazyPySparkResource
 from pydantic import PrivateAttr
 from pyspark.sql import SparkSession
 
@@ -21,26 +20,33 @@ from cdc_assets.io.signals import (
     SignalError,
     SourceTableSignalChannel,
 )
-from cdc_assets.io.spark import spark_config
+from cdc_assets.io.spark import new_session, spark_config
 from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
 
 
-class SparkResource(LazyPySparkResource):
-    """dagster-pyspark's lazily created session; with ``local_server`` (the embedded default) a Spark
-    Connect session on the shared local server for ``spark_config``, started if none runs."""
+class SparkResource(ConfigurableResource):
+    """The run's Spark session, made when first asked for: with ``local_server`` (the embedded default)
+    a Spark Connect session on the shared local server for ``spark_config`` (started if none runs),
+    else a session for ``spark_config`` itself (a cluster master, a remote Spark Connect URL, or a
+    JVM of the run's own)."""
 
+    spark_config: dict[str, str] = {}
     local_server: bool = False
     local_server_idle_timeout_s: float = 900.0
+    _session: SparkSession | None = PrivateAttr(default=None)
 
-    def _init_session(self) -> None:
-        if self._spark_session is None and self.local_server:
-            self._spark_session = connect(ensure_local_server(self.spark_config, self.local_server_idle_timeout_s))
-        super()._init_session()
+    @property
+    def spark_session(self) -> SparkSession:
+        """The session, made on first use."""
+        if self._session is None:
+            self._session = (connect(ensure_local_server(self.spark_config, self.local_server_idle_timeout_s))
+                             if self.local_server else new_session(self.spark_config))
+        return self._session
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
-        if self.local_server and self._spark_session is not None:
-            disconnect(self._spark_session)  # this run's part only: the server stays up, warm
-            self._spark_session = None
+        if self.local_server and self._session is not None:
+            disconnect(self._session)  # this run's part only: the server stays up, warm
+        self._session = None
 
 
 class KafkaResource(ConfigurableResource):
@@ -120,7 +126,7 @@ class DeltaResource(ConfigurableResource):
         """The writer for this Spark session (``auto``: delta-spark if the session has Delta)."""
         return select_writer(self.writer, spark)
 
-    def writer_for_schema_changes(self, spark: LazyPySparkResource) -> DeltaWriter:
+    def writer_for_schema_changes(self, spark: SparkResource) -> DeltaWriter:
         """The writer for schema changes; starts Spark only when the writer may need it."""
         return DeltaRsWriter() if self.writer == "delta-rs" else select_writer(self.writer, spark.spark_session)
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import pyarrow as pa
 from dagster import AssetKey, AssetMaterialization, Config, MetadataValue, OpExecutionContext, job, op
-from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -28,7 +27,7 @@ from cdc_assets.core.layout import hidden_fields
 from cdc_assets.core.schema_change import SchemaChangeError, diff_schema, source_type_changes
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.registry import read_registry, record_change
-from cdc_assets.resources import DeltaResource
+from cdc_assets.resources import DeltaResource, SparkResource
 
 
 class SchemaChangeConfig(Config):
@@ -58,7 +57,7 @@ def _schema_text(schema: T.StructType | None) -> str:
 
 
 @op(description="Create, evolve or retire one table's Delta target for a schema change.")
-def apply_schema_change(context: OpExecutionContext, config: SchemaChangeConfig, spark: LazyPySparkResource,
+def apply_schema_change(context: OpExecutionContext, config: SchemaChangeConfig, spark: SparkResource,
                         delta: DeltaResource) -> None:
     writer = delta.writer_for_schema_changes(spark)
     target = DeltaTarget(config.delta_path, dict(delta.storage_options))

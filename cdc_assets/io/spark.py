@@ -90,6 +90,16 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
     return settings
 
 
+def new_session(settings: Mapping[str, str]) -> SparkSession:
+    """A Spark session for ``settings`` (``spark_config``'s): a Spark Connect session when they name
+    ``spark.remote``, else one in this process's own JVM, started if none runs."""
+    remote = settings.get("spark.remote")
+    if remote:
+        return SparkSession.builder.remote(remote).config(
+            map={k: v for k, v in settings.items() if k != "spark.remote"}).create()
+    return SparkSession.builder.config(map=dict(settings)).getOrCreate()
+
+
 def delta_jars() -> str:
     """The Delta jar files for Spark's classpath, comma-separated: ``$CDC_DELTA_SPARK_JARS`` if it is
     set (empty: no Delta), else those ``scripts/setup`` fetched into this installation (none: no Delta)."""
