@@ -74,7 +74,7 @@ class World:
         return f"""\
 kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
 delta: {{root: "{self.root / writer}", writer: {writer}}}
-batch: {{max_records: 300, poll_timeout_s: 5, max_batches_per_run: 200}}
+batch: {{max_records: 1000, poll_timeout_s: 5, max_batches_per_run: 200}}
 connectors:
   - name: {connector}
     kind: postgresql
