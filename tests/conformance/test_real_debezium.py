@@ -29,6 +29,8 @@ from cdc_assets.io.transactions import consistent_versions
 from tests.conformance import harness as h
 from tests.conformance import workloads as w
 
+pytestmark = pytest.mark.conformance
+
 SEED = 23_2023
 SIGNAL_DSN_ENV = "CDC_CONFORMANCE_SIGNAL_DSN"
 PLACEHOLDER = "__unchanged__"
