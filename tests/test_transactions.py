@@ -145,14 +145,10 @@ connectors:
     assert evaluations[("b", "transactions_reconciled")].passed
 
 
-def test_sensor_batches_transactions_into_one_run_and_never_twice(broker, tmp_path):
-    prefix = new_topic(broker, "sens").replace(".", "_")
-    tx_topic = new_topic_named(broker, f"{prefix}.transaction")
-    events = []
-    for n in range(20):
-        events += [tx_event("BEGIN", str(600 + n)), tx_event("END", str(600 + n), {"s.a" if n % 2 else "s.b": 1})]
-    events.append(tx_event("BEGIN", "576"))
-    produce(broker, tx_topic, events)
+def transaction_sensor(broker, tmp_path, partitions):
+    """The sensor of a connector with tables s.a, s.b, s.c and a transaction topic of ``partitions``."""
+    prefix = new_topic(broker, "mpsens").replace(".", "_")
+    tx_topic = new_topic_named(broker, f"{prefix}.transaction", partitions=partitions)
     config = f"""\
 kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
 delta: {{root: "{tmp_path}"}}
@@ -164,7 +160,16 @@ connectors:
     tables: [{{name: s.a}}, {{name: s.b}}, {{name: s.c}}]
 """
     defs = build_definitions(parse_config(config))
-    sensor = defs.resolve_sensor_def("txdb_transaction_sensor")
+    return defs, defs.resolve_sensor_def("txdb_transaction_sensor"), tx_topic
+
+
+def test_sensor_batches_transactions_into_one_run_and_never_twice(broker, tmp_path):
+    defs, sensor, tx_topic = transaction_sensor(broker, tmp_path, partitions=1)
+    events = []
+    for n in range(20):
+        events += [tx_event("BEGIN", str(600 + n)), tx_event("END", str(600 + n), {"s.a" if n % 2 else "s.b": 1})]
+    events.append(tx_event("BEGIN", "576"))
+    produce(broker, tx_topic, events)
     with DagsterInstance.ephemeral() as instance:
         first = sensor.evaluate_tick(build_sensor_context(instance=instance, definitions=defs))
         [request] = first.run_requests

@@ -5,28 +5,8 @@ import json
 import pytest
 from dagster import DagsterInstance, build_sensor_context
 
-from cdc_assets.config import parse_config
-from cdc_assets.definitions import build_definitions
-from tests.conftest import new_topic, produce
-from tests.test_transactions import new_topic_named, tx_event
-
-
-def transaction_sensor(broker, tmp_path, partitions):
-    """The sensor of a connector with tables s.a, s.b, s.c and a transaction topic of ``partitions``."""
-    prefix = new_topic(broker, "mpsens").replace(".", "_")
-    tx_topic = new_topic_named(broker, f"{prefix}.transaction", partitions=partitions)
-    config = f"""\
-kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
-delta: {{root: "{tmp_path}"}}
-connectors:
-  - name: txdb
-    kind: postgresql
-    topic.prefix: {prefix}
-    transaction_metadata: true
-    tables: [{{name: s.a}}, {{name: s.b}}, {{name: s.c}}]
-"""
-    defs = build_definitions(parse_config(config))
-    return defs, defs.resolve_sensor_def("txdb_transaction_sensor"), tx_topic
+from tests.conftest import produce
+from tests.test_transactions import transaction_sensor, tx_event
 
 
 def test_a_malformed_event_stops_only_its_partition(broker, tmp_path):
