@@ -24,7 +24,8 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.catalog import CapturedTable, pipeline_table_path
 from cdc_assets.config import BatchLimits, ConnectorKind
-from cdc_assets.io.delta import ApplyMode, DeltaTarget, DeltaWriter, select_writer
+from cdc_assets.core.apply_modes import ApplyModeName
+from cdc_assets.io.delta import DeltaTarget, DeltaWriter, select_writer
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.pipeline import BatchReport, merge_micro_batches
 
@@ -48,7 +49,7 @@ class TableSpec:
     storage_options: Mapping[str, str] = field(default_factory=dict)
     key_columns: tuple[str, ...] | None = None
     columns: Mapping[str, str] | None = None
-    apply_mode: ApplyMode = "scd1"
+    apply_mode: ApplyModeName = "scd1"
     on_bad_event: BadEventPolicy = "halt"
     dead_letter_path: str | None = None
 

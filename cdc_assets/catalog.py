@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from cdc_assets.config import DEFAULT_UNAVAILABLE_PLACEHOLDER, ConfigError, ConnectorConfig, PipelineConfig, TableConfig
-from cdc_assets.io.delta import ApplyMode, DeltaTarget
+from cdc_assets.core.apply_modes import ApplyMode, ApplyModeName, apply_mode
+from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.registry import RegistryEntry
 from cdc_assets.io.transactions import TransactionLog
 
@@ -26,7 +27,7 @@ class CapturedTable:
     key_columns: tuple[str, ...] | None = None
     columns: dict[str, str] | None = None
     on_bad_event: str = "halt"
-    apply_mode: ApplyMode = "scd1"
+    apply_mode: ApplyModeName = "scd1"
     dead_letter: DeltaTarget | None = None
     retired: bool = False
     owners: tuple[str, ...] = ()
@@ -43,6 +44,11 @@ class CapturedTable:
     def app_id(self) -> str:
         """The Delta app-transaction id under which this table's offsets are committed."""
         return f"cdc_assets:{self.topic}"
+
+    @property
+    def mode(self) -> ApplyMode:
+        """The rules of the table's apply mode (``core.apply_modes``), for its connector's kind."""
+        return apply_mode(self.apply_mode, self.kind)
 
 
 def pipeline_table_path(root: str, name: str) -> str:

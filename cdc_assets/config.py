@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
 from cdc_assets.io.signals import DEFAULT_DEBEZIUM_VERSION
 
 CONFIG_ENV_VAR = "CDC_ASSETS_CONFIG"
@@ -121,7 +122,7 @@ class TableConfig(_Model):
     on_bad_event: Literal["halt", "dead_letter"] = Field(
         default="halt", description="halt: commit nothing and fail; dead_letter: apply the rest, keep bad events "
                                     "in the pipeline's dead-letter table")
-    apply_mode: Literal["scd1", "soft_delete", "scd2"] = "scd1"
+    apply_mode: ApplyModeName = "scd1"
     on_truncate: Literal["halt", "ignore"] = Field(
         default="halt", description="a TRUNCATE event (op t, skipped.operations=none): halt = stop before it, "
                                     "committing nothing, naming topic/partition/offset; ignore = skip it (counted)")
@@ -223,8 +224,11 @@ class ConnectorConfig(_Model):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"connector '{self.name}' lists tables more than once: {duplicates}")
-        if self.kind == "mongodb" and any(table.apply_mode == "scd2" for table in self.tables):
-            raise ValueError(f"connector '{self.name}': apply_mode scd2 is not supported for MongoDB collections")
+        for table in self.tables:
+            try:
+                apply_mode(table.apply_mode, self.kind)  # refuses a mode the connector's rows cannot take
+            except ValueError as exc:
+                raise ValueError(f"connector '{self.name}', table '{table.name}': {exc}") from None
         if self.snapshot_schedules and self.signal is None:
             raise ValueError(f"connector '{self.name}' has snapshot_schedules but no signal channel")
         return self

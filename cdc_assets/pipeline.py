@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -26,7 +26,6 @@ from cdc_assets.core import (
     BatchSummary,
     decode_change_events,
     derive_layout,
-    fold_batch,
     value_type,
 )
 from cdc_assets.core.envelope import (
@@ -34,25 +33,13 @@ from cdc_assets.core.envelope import (
     OFFSET_COLUMN,
     PARTITION_COLUMN,
     TRANSACTION_COLUMN,
-    TRUNCATE_OP,
     explain_bad_value,
 )
-from cdc_assets.core.fold import BadEvent
-from cdc_assets.core.history import history_versions, latest_positions
 from cdc_assets.core.layout import (
-    CURRENT_COLUMN,
-    DELETED_COLUMN,
     HIDDEN_PREFIX,
-    MONGODB_DOCUMENT_COLUMN,
-    OP_COLUMN,
-    POSITION_COLUMN,
-    UNAVAILABLE_COLUMN,
-    VALID_FROM_COLUMN,
-    VALID_TO_COLUMN,
     ChangeEventLayout,
     LayoutError,
 )
-from cdc_assets.core.mongodb import ORPHAN_COLUMN, ORPHAN_REASON, fold_documents
 from cdc_assets.core.transactions import cut_batch, transaction_key
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
@@ -161,102 +148,21 @@ def _value_at(events: pa.Table, partition: int, offset: int) -> bytes | None:
     return values[0] if values else None
 
 
-def _fold_documents(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout,
-                    decoded: DataFrame, summary: BatchSummary) -> tuple[pa.Table, BatchSummary]:
-    """MongoDB: rebuild documents from the table's current rows and the batch's patches."""
-    keys = decoded.where(F.col(ERROR_COLUMN).isNull()).select(*layout.key_columns).distinct().toArrow()
-    columns = [*layout.key_columns, MONGODB_DOCUMENT_COLUMN, POSITION_COLUMN]
-    current = writer.current_rows(table.target, keys, columns) if keys.num_rows else None
-    base = spark.createDataFrame(current) if current is not None and current.num_rows else None
-    folded = fold_documents(decoded, layout, base).toArrow()
-    orphans = [BadEvent(o["offset"], o["partition"], ORPHAN_REASON)
-               for o in folded[ORPHAN_COLUMN].to_pylist() if o is not None]
-    # A key whose every event was already applied, or whose patches had no document, writes nothing.
-    keep = pc.and_(pc.is_valid(folded[OP_COLUMN]),
-                   pc.or_(pc.equal(folded[OP_COLUMN], "d"), pc.is_valid(folded[MONGODB_DOCUMENT_COLUMN])))
-    rows = folded.filter(keep).drop_columns([ORPHAN_COLUMN])
-    if orphans:
-        summary = replace(summary, bad_events=tuple(sorted((*summary.bad_events, *orphans))))
-    return rows, summary
-
-
-def _latest_positions(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout,
-                      decoded: DataFrame) -> DataFrame | None:
-    """scd2: per key of the batch that the table holds, its latest position there (None: none)."""
-    keys = decoded.where(F.col(ERROR_COLUMN).isNull()).select(*layout.key_columns).distinct().toArrow()
-    columns = [*layout.key_columns, VALID_FROM_COLUMN, VALID_TO_COLUMN]
-    versions = writer.current_rows(table.target, keys, columns) if keys.num_rows else None
-    if versions is None or not versions.num_rows:
-        return None
-    return latest_positions(spark.createDataFrame(versions), layout.key_columns)
-
-
-def _keep_unavailable(writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout, rows: pa.Table,
-                      summary: BatchSummary) -> tuple[pa.Table, BatchSummary]:
-    """Give the values the batch left unavailable (the placeholder: unchanged, and no event of the
-    batch knew them) the value the table holds for the key (scd2: its current version); where the
-    table has no row for the key the value was never captured and stays null, counted in the summary."""
-    if UNAVAILABLE_COLUMN not in rows.column_names:
-        return rows, summary
-    left = rows[UNAVAILABLE_COLUMN]
-    pending = pc.fill_null(pc.greater(pc.list_value_length(left), 0), False)
-    rows = rows.drop_columns([UNAVAILABLE_COLUMN])
-    if not pc.any(pending).as_py():
-        return rows, summary
-    filled, lists = rows.filter(pending).to_pylist(), left.filter(pending).to_pylist()
-    keys = list(layout.key_columns)
-    current = table.apply_mode == "scd2"
-    names = sorted({name for names in lists for name in names})
-    stored_rows = writer.current_rows(table.target, rows.filter(pending).select(keys),
-                                      [*keys, *names, *([CURRENT_COLUMN] if current else [])])
-    stored = {tuple(row[k] for k in keys): row for row in (stored_rows.to_pylist() if stored_rows else [])
-              if not current or row[CURRENT_COLUMN]}
-    kept = never_seen = 0
-    for row, unknown in zip(filled, lists, strict=True):
-        found = stored.get(tuple(row[k] for k in keys))
-        for name in unknown:
-            if found is None:
-                never_seen += 1
-            else:
-                row[name], kept = found[name], kept + 1
-    rows = pa.concat_tables([rows.filter(pc.invert(pending)), pa.Table.from_pylist(filled, schema=rows.schema)])
-    return rows, replace(summary, unavailable_kept=kept, unavailable_never_seen=never_seen)
-
-
-def _fold(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout,
-          decoded: DataFrame) -> tuple[pa.Table, BatchSummary]:
+def _fold(writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout, decoded: DataFrame
+          ) -> tuple[pa.Table, BatchSummary]:
     """The rows to MERGE for ``table``'s apply mode, and the batch summary, from decoded events."""
-    reread = table.apply_mode == "scd2" or table.kind == "mongodb"
-    if reread:
-        decoded = decoded.persist()  # read twice: the fold (for the summary) and the rows
-    rows, summary = fold_batch(decoded, layout)
-    if table.apply_mode == "scd2":
-        keyed = decoded.where(F.col(OP_COLUMN) != TRUNCATE_OP)  # a TRUNCATE has no key: never a version
-        rows = history_versions(keyed, layout, _latest_positions(spark, writer, table, layout, keyed)).toArrow()
-    elif table.kind == "mongodb":
-        rows, summary = _fold_documents(spark, writer, table, layout, decoded, summary)
-    if reread:
-        decoded.unpersist()
-    rows, summary = _keep_unavailable(writer, table, layout, rows, summary)
-    if table.apply_mode == "soft_delete":
-        rows = rows.append_column(DELETED_COLUMN, pc.equal(rows[OP_COLUMN], "d"))
-    return rows, summary
+    def stored(keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
+        return writer.current_rows(table.target, keys, columns)
+
+    return table.mode.rows(decoded, layout, stored)
 
 
 def _before(cut: dict[int, int], partition: Column, offset: Column) -> Column:
-    """Events before the cut offsets (Spark)."""
+    """Events before the cut offsets."""
     condition = F.lit(False)
     for p, end in cut.items():
         condition = condition | ((partition == p) & (offset < end))
     return condition
-
-
-def _before_arrow(cut: dict[int, int], events: pa.Table) -> pa.ChunkedArray:
-    """Events before the cut offsets (Arrow)."""
-    mask = pc.equal(events["partition"], -1)
-    for p, end in cut.items():
-        mask = pc.or_(mask, pc.and_(pc.equal(events["partition"], p), pc.less(events["offset"], end)))
-    return mask
 
 
 def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch, progress: TableProgress | None,
@@ -354,12 +260,11 @@ def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWri
 
 
 def _pipelined(table: CapturedTable, writer: DeltaWriter) -> bool:
-    """Whether ``table``'s next batch can be folded while the current one is merged: its fold must not
-    read the table (MongoDB documents are patched onto the current rows) nor cut batches to whole
-    transactions (which reads the transaction topic with the same consumer), and the writer must not
-    use the Spark session that folds (delta-spark MERGEs through it)."""
-    return (table.apply_mode in ("scd1", "soft_delete") and table.kind != "mongodb"
-            and table.transaction_log is None and writer.name == "delta-rs")
+    """Whether ``table``'s next batch can be folded while the current one is merged: its apply mode must
+    allow it (``folds_ahead``), its batches must not be cut to whole transactions (which reads the
+    transaction topic with the same consumer), and the writer must not use the Spark session that
+    folds (delta-spark MERGEs through it)."""
+    return table.mode.folds_ahead and table.transaction_log is None and writer.name == "delta-rs"
 
 
 @dataclass(frozen=True)
@@ -479,15 +384,15 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
                 return _Prepared(replace(raw.without_records(), end_offsets=dict(raw.start_offsets)), tombstones,
                                  timings, existing=existing, transactions=transactions)
             if cut_offsets != raw.end_offsets:
+                # ``events`` keep the records past the cut: bad events are looked up there by coordinates only.
                 decoded = decoded.where(_before(cut_offsets, F.col(PARTITION_COLUMN), F.col(OFFSET_COLUMN)))
-                events = events.filter(_before_arrow(cut_offsets, events))
                 raw = replace(raw, end_offsets=cut_offsets)
             commit = replace(commit, version=sum(cut_offsets.values()), offsets=cut_offsets,
                              transactions=transactions)
-        rows, summary = _fold(spark, writer, table, layout, decoded)
+        rows, summary = _fold(writer, table, layout, decoded)
         if summary.bad_events and not exact:
             frame = scratch.enter_context(spark_records(spark, events, value_type(layout), exact=True))
-            rows, summary = _fold(spark, writer, table, layout, decode_change_events(frame, layout))
+            rows, summary = _fold(writer, table, layout, decode_change_events(frame, layout))
         timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
     return _Prepared(raw.without_records(), tombstones, timings, commit, events if summary.bad_events else None,
                      samples, layout, existing, rows, summary, transactions)
@@ -529,7 +434,7 @@ def _apply(writer: DeltaWriter, table: CapturedTable, prepared: _Prepared) -> Ba
         outcome = writer.commit_progress(table.target, prepared.commit)
     else:
         outcome = writer.merge(table.target, prepared.rows, prepared.layout.key_columns, prepared.commit,
-                               table.apply_mode)
+                               table.mode)
     timings["merge_commit_s"] = time.perf_counter() - mark
     _checkpoint("committed")
     return replace(report, outcome=outcome, dead_lettered=dead_lettered)

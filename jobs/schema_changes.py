@@ -23,7 +23,7 @@ from pydantic import Field
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from cdc_assets.core.layout import hidden_fields
+from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
 from cdc_assets.core.schema_change import SchemaChangeError, diff_schema, source_type_changes
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.registry import read_registry, record_change
@@ -41,7 +41,7 @@ class SchemaChangeConfig(Config):
     renames: list[list[str]] = []
     asset_key: list[str]
     delta_path: str
-    apply_mode: str = "scd1"
+    apply_mode: ApplyModeName = "scd1"
     source_position: str = ""
     topic: str
     partition: int
@@ -84,8 +84,8 @@ def apply_schema_change(context: OpExecutionContext, config: SchemaChangeConfig,
             properties["cdc_assets.dropped_columns"] = ",".join(diff.dropped)
         if config.renames:
             properties["cdc_assets.renamed_columns"] = ",".join(f"{old}->{new}" for old, new in config.renames)
-        wanted = T.StructType([*announced.fields, *hidden_fields(config.apply_mode)]) if before is None else \
-            T.StructType(list(diff.added))
+        hidden = apply_mode(config.apply_mode).hidden_fields
+        wanted = T.StructType([*announced.fields, *hidden]) if before is None else T.StructType(list(diff.added))
         changed = writer.ensure_columns(target, _arrow(wanted),
                                         properties)
         previous = read_registry(delta.registry_path, delta.storage_options).get((config.connector, config.table))

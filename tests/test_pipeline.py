@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 from cdc_assets import pipeline
 from cdc_assets.config import BatchLimits
 from cdc_assets.demo.events import db2_source, encode_key, envelope, postgres_source
+from cdc_assets.io.delta import DeltaRsWriter
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.pipeline import BadEventError, merge_micro_batches
 from tests.conftest import CAPTURES, captured_table, new_topic, produce, read_rows, run_batch
@@ -319,16 +320,19 @@ def reads(monkeypatch):
     return threads
 
 
-def _pipelined_writer(writer):
-    if writer.name != "delta-rs":
-        pytest.skip("batches are folded ahead with the delta-rs writer only (delta-spark MERGEs through the session)")
+@pytest.fixture
+def folding_ahead_writer():
+    """The writer with which batches are folded ahead: delta-rs (delta-spark MERGEs through the session
+    that folds, so its batches are read and folded one after another: see the first test below)."""
+    return DeltaRsWriter()
 
 
 def test_the_next_batch_is_folded_while_one_is_merged_and_commits_stay_in_order(spark, broker, writer, tmp_path,
                                                                                 reads):
     """Every batch after the first is read and folded in the thread ahead (none twice); each starts
-    where the one before it committed, one Delta version each; the table ends as with one batch."""
-    _pipelined_writer(writer)
+    where the one before it committed, one Delta version each; the table ends as with one batch.
+    With delta-spark every batch is read and folded in the run's own thread."""
+    ahead = writer.name == "delta-rs"
     topic = new_topic(broker, "dbserver1.inventory.ahead", partitions=3)
     produce(broker, topic, keyed_history(80, 9, 13))
     whole, pieces = captured_table(topic, tmp_path / "whole"), captured_table(topic, tmp_path / "pieces")
@@ -340,18 +344,18 @@ def test_the_next_batch_is_folded_while_one_is_merged_and_commits_stay_in_order(
     for before, after, thread in zip(reports, reports[1:], reads[1:], strict=False):
         assert after.raw.start_offsets == before.raw.end_offsets
         if before.summary is not None:  # folded (not tombstones only): the next one was read ahead
-            assert thread.startswith("cdc-batch-ahead"), thread
+            assert thread.startswith("cdc-batch-ahead") if ahead else thread == "MainThread", thread
     versions = [r.outcome.delta_version for r in reports if r.outcome is not None]
     assert versions == list(range(versions[0], versions[0] + len(versions)))
     assert read_rows(spark, writer, pieces) == read_rows(spark, writer, whole)
 
 
 def test_a_batch_folded_ahead_is_prepared_again_when_the_commit_before_it_changed_the_layout(
-        spark, broker, writer, tmp_path, reads):
+        spark, broker, folding_ahead_writer, tmp_path, reads):
     """Batch 2 adds a column to the table; batch 3, folded ahead without it, is read and folded again."""
     from tests.core.test_types import wrapped
 
-    _pipelined_writer(writer)
+    writer = folding_ahead_writer
     topic = new_topic(broker, "dbserver1.public.ahead_evolving")
     table = captured_table(topic, tmp_path)
     id_field, a_field, b_field = ({"type": "int32", "field": "id"}, {"type": "string", "field": "a"},
@@ -367,9 +371,9 @@ def test_a_batch_folded_ahead_is_prepared_again_when_the_commit_before_it_change
     assert {k[0]: (r["a"], r["b"]) for k, r in rows.items()} == {1: ("x", None), 2: ("y", 7), 3: ("z", None)}
 
 
-def test_a_bad_event_in_a_batch_folded_ahead_halts_after_the_batch_before_it_commits(spark, broker, writer,
-                                                                                      tmp_path, reads):
-    _pipelined_writer(writer)
+def test_a_bad_event_in_a_batch_folded_ahead_halts_after_the_batch_before_it_commits(
+        spark, broker, folding_ahead_writer, tmp_path, reads):
+    writer = folding_ahead_writer
     topic = new_topic(broker, "dbserver1.inventory.ahead_bad")
     good = [(encode_key({"id": i}), envelope("c", None, {"id": i}, postgres_source(i, i, "s", "t"), i))
             for i in range(4)]

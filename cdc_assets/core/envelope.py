@@ -28,6 +28,7 @@ from cdc_assets.core.layout import (
     SOURCE_TS_COLUMN,
     UNAVAILABLE_COLUMN,
     ChangeEventLayout,
+    unwrap,
 )
 from cdc_assets.core.position import POSITION_FIELDS, event_position
 from cdc_assets.core.types import convert, is_nested
@@ -71,15 +72,15 @@ def patch_problem(patch: Column) -> Column:
 
 
 def json_payload(value: bytes | None) -> object:
-    """The ``payload`` of a JSON-converter record value, or the value itself when it has no wrapper
-    (for the few non-change events decoded in Python: schema changes, transaction metadata)."""
+    """The payload of a JSON-converter record value (``unwrap``), for the few non-change events
+    decoded in Python: schema changes, transaction metadata."""
     if value is None:
         raise ValueError("record has no value")
     try:
         body = json.loads(value)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"value is not valid JSON ({exc})") from exc
-    return body.get("payload", body) if isinstance(body, dict) else body
+    return unwrap(body)[1]
 
 
 def explain_bad_value(value: bytes | None, reason: str) -> str:
@@ -104,8 +105,7 @@ def _as_parsed(row_type: T.StructType) -> T.StructType:
 
 def envelope_type(layout: ChangeEventLayout) -> T.StructType:
     """The Spark type an envelope parses as, for this table's layout."""
-    mongodb = layout.kind == "mongodb"
-    image: T.DataType = T.StringType() if mongodb else _as_parsed(layout.row_type)
+    image: T.DataType = T.StringType() if layout.documents else _as_parsed(layout.row_type)
     return T.StructType(
         [
             T.StructField("before", image),
@@ -113,7 +113,7 @@ def envelope_type(layout: ChangeEventLayout) -> T.StructType:
             T.StructField("op", T.StringType()),
             T.StructField("source", source_type(layout.kind)),
             T.StructField("transaction", TRANSACTION_TYPE),
-            *([T.StructField("patch", T.StringType())] if mongodb else []),
+            *([T.StructField("patch", T.StringType())] if layout.documents else []),
         ]
     )
 
@@ -173,8 +173,7 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
     typed_failures: list[Column] = []
     unavailable: list[Column] = []
     unavailable_tests = layout.unavailable_tests
-    mongodb = layout.kind == "mongodb"
-    if mongodb:
+    if layout.documents:
         columns[MONGODB_DOCUMENT_COLUMN] = F.when(op != "d", env["after"])
         columns[PATCH_COLUMN] = F.when(op == "u", env["patch"])
         unreadable = env["after"].isNotNull() & F.from_json(env["after"], DOCUMENT_TYPE).isNull()
@@ -201,7 +200,7 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
                                  f"{exactly}"))
                 )
     key_fields = {field.name: field.dataType for field in _as_parsed(layout.key_type).fields}
-    row_columns = set(layout.row_type.fieldNames()) if layout.kind != "mongodb" else set()
+    row_columns = set() if layout.documents else set(layout.row_type.fieldNames())
     for name, data_type in key_fields.items():
         spec = layout.column_type(name)
         # Read lazily, inside coalesce: only events whose row image lacks a key column pay for it.
@@ -214,7 +213,7 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
         missing_key = missing_key | columns[name].isNull()
     # MongoDB updates may carry a patch instead of the after image.
     needs_after = op.isin("c", "u", "r") & env["after"].isNull()
-    if mongodb:
+    if layout.documents:
         needs_after = needs_after & ~((op == "u") & env["patch"].isNotNull())
     after_problem = F.concat(F.lit("op '"), op, F.lit("' has no after image"))
     error = (

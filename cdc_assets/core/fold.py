@@ -65,7 +65,7 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
     else:
         known = []
     # Only counts and max/max_by here: a collecting aggregate (collect_list) would switch the whole
-    # aggregation to Spark's object-hash path, which falls back to sorting after 128 keys (3x slower).
+    # aggregation to Spark's object-hash path, which falls back to sorting after 128 keys.
     folded = events.groupBy(*layout.key_columns).agg(
         # max_by ignores null orderings: bad events never win.
         F.max_by(F.struct(*carried, *([UNAVAILABLE_COLUMN] if unavailable else [])),

@@ -35,21 +35,9 @@ HIDDEN_COLUMNS: tuple[str, ...] = (OP_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN)
 UNAVAILABLE_COLUMN = "_cdc_unavailable"
 # Connector kinds that send unavailable.value.placeholder (PostgreSQL TOAST, Oracle LOBs).
 PLACEHOLDER_KINDS = ("postgresql", "oracle")
-def hidden_fields(apply_mode: str) -> tuple[T.StructField, ...]:
-    """The hidden columns a table carries in an apply mode."""
-    if apply_mode == "scd2":
-        return (
-            T.StructField(OP_COLUMN, T.StringType()),
-            T.StructField(VALID_FROM_COLUMN, T.StringType()),
-            T.StructField(VALID_FROM_TS_COLUMN, T.TimestampType()),
-            T.StructField(VALID_TO_COLUMN, T.StringType()),
-            T.StructField(VALID_TO_TS_COLUMN, T.TimestampType()),
-            T.StructField(CURRENT_COLUMN, T.BooleanType()),
-        )
-    deleted = (T.StructField(DELETED_COLUMN, T.BooleanType()),) if apply_mode == "soft_delete" else ()
-    return (*HIDDEN_FIELDS, *deleted)
-
-
+# Connector kinds whose rows are whole documents, not columns (``core.mongodb``).
+DOCUMENT_KINDS = ("mongodb",)
+# The hidden columns of a folded row, which scd1 and soft_delete tables keep (``core.apply_modes``).
 HIDDEN_FIELDS: tuple[T.StructField, ...] = (
     T.StructField(OP_COLUMN, T.StringType()),
     T.StructField(POSITION_COLUMN, T.StringType()),
@@ -60,6 +48,7 @@ HIDDEN_FIELDS: tuple[T.StructField, ...] = (
 # whole document as extended JSON.
 MONGODB_ID_COLUMN = "id"
 MONGODB_DOCUMENT_COLUMN = "document"
+
 
 class LayoutError(ValueError):
     """The events of a table do not say enough to build its layout."""
@@ -75,6 +64,11 @@ class ChangeEventLayout:
     row_type: T.StructType
     logical_types: Mapping[str, ColumnType] = field(default_factory=dict)
     placeholder: str | None = None  # the connector's unavailable.value.placeholder, for kinds that send it
+
+    @property
+    def documents(self) -> bool:
+        """Whether rows are documents (a key and one extended-JSON ``document`` column), not columns."""
+        return self.kind in DOCUMENT_KINDS
 
     @property
     def unavailable_tests(self) -> dict[str, Callable[[Column], Column]]:
@@ -121,16 +115,22 @@ def row_type_from_envelope_schema(envelope_schema: Mapping[str, Any]) -> tuple[T
     return T.StructType([]), {}
 
 
+def unwrap(body: object) -> tuple[Mapping[str, Any] | None, object]:
+    """A JSON-converter record (key or value) without its wrapper: ``(schema, payload)`` of
+    ``{"schema": ..., "payload": ...}`` (``schemas.enable=true``), else ``(None, body)``."""
+    if isinstance(body, Mapping) and body.keys() == {"schema", "payload"}:
+        schema = body["schema"]
+        return (schema if isinstance(schema, Mapping) else None), body["payload"]
+    return None, body
+
+
 def key_columns_from_key(key: Mapping[str, Any]) -> tuple[str, ...]:
     """Key column names from one record key, with or without the schema/payload wrapper."""
-    if "schema" in key and "payload" in key:
-        schema = key.get("schema") or {}
-        names = [field["field"] for field in schema.get("fields", [])]
-        if names:
-            return tuple(names)
-        payload = key.get("payload")
-        return tuple(payload) if isinstance(payload, Mapping) else ()
-    return tuple(key)
+    schema, payload = unwrap(key)
+    names = [field["field"] for field in (schema or {}).get("fields", [])]
+    if names:
+        return tuple(names)
+    return tuple(payload) if isinstance(payload, Mapping) else ()
 
 
 def infer_row_type(rows: Iterable[Mapping[str, Any]]) -> T.StructType:
@@ -194,7 +194,7 @@ def derive_layout(
     key_columns = key_columns or tuple(previous_keys)  # keyless events only (TRUNCATE): the table's keys
     if not key_columns:
         raise LayoutError("record keys are absent or not JSON objects: set key_columns for this table")
-    if kind == "mongodb":
+    if kind in DOCUMENT_KINDS:
         row_type = T.StructType(
             [T.StructField(name, T.StringType()) for name in key_columns]
             + [T.StructField(MONGODB_DOCUMENT_COLUMN, T.StringType())]
@@ -206,12 +206,13 @@ def derive_layout(
     row_type, logical_types = T.StructType([]), dict[str, ColumnType]()
     seen: set[str] = set()
     for value in reversed(values):
-        if isinstance(value, Mapping) and isinstance(value.get("schema"), Mapping) and "payload" in value:
-            fingerprint = json.dumps(value["schema"], sort_keys=True)
+        schema, _ = unwrap(value)
+        if schema is not None:
+            fingerprint = json.dumps(schema, sort_keys=True)
             if fingerprint in seen:
                 continue
             seen.add(fingerprint)
-            sample_type, sample_logical = row_type_from_envelope_schema(value["schema"])
+            sample_type, sample_logical = row_type_from_envelope_schema(schema)
             row_type = merge_row_types(row_type, sample_type)
             logical_types = {**sample_logical, **logical_types}
     if configured_columns:
@@ -227,7 +228,7 @@ def derive_layout(
         row_type = merge_row_types(row_type, existing_row_type)
     images: list[Mapping[str, Any]] = []
     for value in values:
-        envelope = value.get("payload", value) if isinstance(value, Mapping) else None
+        envelope = unwrap(value)[1]
         if isinstance(envelope, Mapping):
             images.extend(image for image in (envelope.get("after"), envelope.get("before"))
                           if isinstance(image, Mapping))

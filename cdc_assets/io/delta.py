@@ -22,10 +22,10 @@ applying any batch twice changes nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,17 +35,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from cdc_assets.core.history import CLOSE_AT_COLUMN, CLOSE_TS_COLUMN, KIND_COLUMN
-from cdc_assets.core.layout import (
-    CURRENT_COLUMN,
-    DELETED_COLUMN,
-    OP_COLUMN,
-    POSITION_COLUMN,
-    SOURCE_TS_COLUMN,
-    VALID_FROM_COLUMN,
-    VALID_TO_COLUMN,
-    VALID_TO_TS_COLUMN,
-)
+from cdc_assets.core.apply_modes import HELPER_PREFIX, ApplyMode, Clause, MergePlan
+from cdc_assets.core.layout import CURRENT_COLUMN
 from cdc_assets.io.spark import has_delta, is_local
 
 METADATA_KEY = "cdc_assets"
@@ -74,6 +65,11 @@ class CommitRequest:
     offsets: Mapping[int, int]
     key_columns: tuple[str, ...] = ()
     transactions: Mapping[str, object] | None = None  # transaction-consistent tables: see io.transactions
+
+    def applied_by(self, recorded_version: int | None) -> bool:
+        """Whether a table whose app transaction is at ``recorded_version`` already holds this commit:
+        versions grow with the offsets, so a version not above the recorded one is a repeat."""
+        return recorded_version is not None and recorded_version >= self.version
 
     def user_metadata(self) -> str:
         payload: dict[str, object] = {"app_id": self.app_id, "version": self.version, "topic": self.topic,
@@ -129,8 +125,8 @@ class DeltaWriter(Protocol):
         ...
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
-              commit: CommitRequest, mode: ApplyMode = "scd1") -> MergeOutcome:
-        """Create the table if needed and MERGE the folded rows per the apply mode (``merge_plan``),
+              commit: CommitRequest, mode: ApplyMode) -> MergeOutcome:
+        """Create the table if needed and MERGE the folded rows per the apply mode (``mode.merge_plan``),
         with ``commit`` in the same commit."""
         ...
 
@@ -173,60 +169,6 @@ def _progress_from_history(history: Sequence[Mapping[str, object]], app_id: str)
     return None
 
 
-HELPER_PREFIX = "_merge_"  # source-only columns that steer the MERGE and never reach the table
-ApplyMode = Literal["scd1", "soft_delete", "scd2"]
-
-
-@dataclass(frozen=True)
-class Clause:
-    """One WHEN clause: ``delete``, ``update`` (``assignments`` None: every column) or ``insert``."""
-
-    action: Literal["delete", "update", "insert"]
-    predicate: str | None = None
-    assignments: Mapping[str, str] | None = None
-
-
-def merge_plan(mode: ApplyMode, key_columns: Sequence[str], columns: Sequence[str],
-               quote: Callable[[str], str]) -> tuple[str, list[Clause], list[Clause]]:
-    """The MERGE for an apply mode, with identifiers quoted by ``quote``: the ON condition, the
-    WHEN MATCHED clauses and the WHEN NOT MATCHED clauses, in order.
-
-    - scd1: a newer delete removes the row, a newer change replaces it, an absent key is inserted.
-    - soft_delete: a newer delete only marks the row (``_cdc_deleted``) and records its position;
-      a delete of an absent key is kept as a deleted row, so an older change can never resurrect it.
-    - scd2: source rows are versions (inserted once, keyed by ``_cdc_valid_from``) and per-key close
-      markers that end the current version when the batch's first event is newer.
-    """
-    keys = " AND ".join(f"t.{quote(name)} = s.{quote(name)}" for name in key_columns)
-    newer = f"s.{POSITION_COLUMN} > t.{POSITION_COLUMN}"
-    table_columns = [name for name in columns if not name.startswith(HELPER_PREFIX)]
-    every_column = {quote(name): f"s.{quote(name)}" for name in table_columns}
-    if mode == "scd1":
-        return keys, [Clause("delete", f"s.{OP_COLUMN} = 'd' AND {newer}"), Clause("update", newer)], [
-            Clause("insert", f"s.{OP_COLUMN} <> 'd'")]
-    if mode == "soft_delete":
-        marks = {quote(name): f"s.{quote(name)}" for name in (DELETED_COLUMN, OP_COLUMN, POSITION_COLUMN,
-                                                                SOURCE_TS_COLUMN)}
-        return keys, [Clause("update", f"s.{OP_COLUMN} = 'd' AND {newer}", marks), Clause("update", newer)], [
-            Clause("insert")]
-    if mode == "scd2":
-        condition = (f"{keys} AND ((s.{KIND_COLUMN} = 'version' AND t.{VALID_FROM_COLUMN} = s.{VALID_FROM_COLUMN}) "
-                     f"OR (s.{KIND_COLUMN} = 'close' AND t.{CURRENT_COLUMN} "
-                     f"AND t.{VALID_FROM_COLUMN} < s.{CLOSE_AT_COLUMN}))")
-        close = {VALID_TO_COLUMN: f"s.{CLOSE_AT_COLUMN}", VALID_TO_TS_COLUMN: f"s.{CLOSE_TS_COLUMN}",
-                 CURRENT_COLUMN: "false"}
-        return condition, [Clause("update", f"s.{KIND_COLUMN} = 'close'", close)], [
-            Clause("insert", f"s.{KIND_COLUMN} = 'version'", every_column)]
-    raise DeltaWriterError(f"unknown apply mode '{mode}' (expected scd1, soft_delete or scd2)")
-
-
-def _evolves_schema(mode: ApplyMode) -> bool:
-    """Whether the mode's MERGE adds the batch's new columns itself (schema evolution). Not scd2:
-    its source also carries the close markers' helper columns, which evolution would add to the
-    table, so the writers add the batch's new columns before its MERGE."""
-    return mode != "scd2"
-
-
 def table_schema_of(rows: pa.Table) -> pa.Schema:
     """The target table's schema for a batch: its columns less the MERGE helpers."""
     return pa.schema([f for f in rows.schema if not f.name.startswith(HELPER_PREFIX)])
@@ -255,6 +197,15 @@ def quote_datafusion(name: str) -> str:
 def quote_spark(name: str) -> str:
     """Quote an identifier (or a path inside ``delta.`...```) for Spark SQL."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def commit_properties(commit: CommitRequest) -> CommitProperties:
+    """delta-rs commit properties that record ``commit`` (app transaction and offsets) in the commit.
+    No retries: a concurrent commit to the table (another run of it) makes this one fail instead of
+    being rebased on top, so the same offsets are never committed twice."""
+    return CommitProperties(custom_metadata={"userMetadata": commit.user_metadata()},
+                            app_transactions=[Transaction(commit.app_id, commit.version)],
+                            max_commit_retries=0)
 
 
 class DeltaRsWriter:
@@ -286,7 +237,7 @@ class DeltaRsWriter:
         return progress
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
-              commit: CommitRequest, mode: ApplyMode = "scd1") -> MergeOutcome:
+              commit: CommitRequest, mode: ApplyMode) -> MergeOutcome:
         table = self._table(target)
         if table is None:
             # mode="ignore": a concurrent run may create the table first.
@@ -294,13 +245,13 @@ class DeltaRsWriter:
                                       storage_options=dict(target.storage_options))
         if self._already_applied(table, commit):
             return MergeOutcome(delta_version=table.version(), already_applied=True)
-        if not _evolves_schema(mode) and self.ensure_columns(target, table_schema_of(rows), {}):
+        if not mode.evolves_schema and self.ensure_columns(target, table_schema_of(rows), {}):
             table = self._table(target)
             assert table is not None
         before = table.version()
-        condition, matched, not_matched = merge_plan(mode, key_columns, rows.column_names, quote_datafusion)
+        plan = mode.merge_plan(key_columns, rows.column_names, quote_datafusion)
         with _concurrent_commit_guard(target, commit):
-            metrics = self._merge(table, rows, condition, matched, not_matched, mode, commit)
+            metrics = self._merge(table, rows, plan, mode.evolves_schema, commit)
         table.update_incremental()
         if table.version() == before:
             # No row changed (a replay of applied events): delta-rs made no commit, so commit the offsets.
@@ -312,18 +263,18 @@ class DeltaRsWriter:
             deleted=int(metrics.get("num_target_rows_deleted", 0)),
         )
 
-    def _merge(self, table: DeltaTable, rows: pa.Table, condition: str, matched: list[Clause],
-               not_matched: list[Clause], mode: ApplyMode, commit: CommitRequest) -> Mapping[str, int]:
-        merger = table.merge(rows, condition, source_alias="s", target_alias="t", merge_schema=_evolves_schema(mode),
-                             commit_properties=self._properties(commit))
-        for clause in matched:
+    def _merge(self, table: DeltaTable, rows: pa.Table, plan: MergePlan, evolve_schema: bool,
+               commit: CommitRequest) -> Mapping[str, int]:
+        merger = table.merge(rows, plan.condition, source_alias="s", target_alias="t", merge_schema=evolve_schema,
+                             commit_properties=commit_properties(commit))
+        for clause in plan.matched:
             if clause.action == "delete":
                 merger = merger.when_matched_delete(predicate=clause.predicate)
             elif clause.assignments is None:
                 merger = merger.when_matched_update_all(predicate=clause.predicate)
             else:
                 merger = merger.when_matched_update(dict(clause.assignments), predicate=clause.predicate)
-        for clause in not_matched:
+        for clause in plan.not_matched:
             if clause.assignments is None:
                 merger = merger.when_not_matched_insert_all(predicate=clause.predicate)
             else:
@@ -338,7 +289,7 @@ class DeltaRsWriter:
             return MergeOutcome(delta_version=table.version(), already_applied=True)
         with _concurrent_commit_guard(target, commit):
             table.create_write_transaction([], mode="append", schema=table.schema(),
-                                           commit_properties=self._properties(commit))
+                                           commit_properties=commit_properties(commit))
         table.update_incremental()
         return MergeOutcome(delta_version=table.version())
 
@@ -394,16 +345,8 @@ class DeltaRsWriter:
 
     @staticmethod
     def _already_applied(table: DeltaTable, commit: CommitRequest) -> bool:
-        applied = table.transaction_version(commit.app_id)
-        return applied is not None and applied >= commit.version
+        return commit.applied_by(table.transaction_version(commit.app_id))
 
-    @staticmethod
-    def _properties(commit: CommitRequest) -> CommitProperties:
-        # No commit retries: a concurrent commit to the table (another run of it) makes this one fail
-        # instead of being rebased on top, so the same offsets are never committed twice.
-        return CommitProperties(custom_metadata={"userMetadata": commit.user_metadata()},
-                                app_transactions=[Transaction(commit.app_id, commit.version)],
-                                max_commit_retries=0)
 
 
 class DeltaSparkWriter:
@@ -445,7 +388,7 @@ class DeltaSparkWriter:
             self._history(target, None) or [], app_id)
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
-              commit: CommitRequest, mode: ApplyMode = "scd1") -> MergeOutcome:
+              commit: CommitRequest, mode: ApplyMode) -> MergeOutcome:
         batch = self._spark.createDataFrame(rows)
         if self._history(target, 1) is None:
             self._create(target, table_schema_of(rows), {})
@@ -453,18 +396,18 @@ class DeltaSparkWriter:
             self._map_columns_by_name(target)
         if self._already_applied(target, commit):
             return MergeOutcome(delta_version=self._latest_version(target), already_applied=True)
-        if not _evolves_schema(mode):
+        if not mode.evolves_schema:
             self.ensure_columns(target, table_schema_of(rows), {})
         before = self._latest_version(target)
         view = f"cdc_batch_{abs(hash((target.path, commit.version)))}"
         batch.createOrReplaceTempView(view)
-        condition, matched, not_matched = merge_plan(mode, key_columns, rows.column_names, quote_spark)
-        clauses = [self._render("WHEN MATCHED", clause) for clause in matched]
-        clauses += [self._render("WHEN NOT MATCHED", clause) for clause in not_matched]
+        plan = mode.merge_plan(key_columns, rows.column_names, quote_spark)
+        clauses = [self._render("WHEN MATCHED", clause) for clause in plan.matched]
+        clauses += [self._render("WHEN NOT MATCHED", clause) for clause in plan.not_matched]
         try:
-            with self._committing(commit, schema_evolution=_evolves_schema(mode)):
+            with self._committing(commit, schema_evolution=mode.evolves_schema):
                 result = self._spark.sql(
-                    f"MERGE INTO {self._table_ref(target)} t USING {view} s ON {condition} {' '.join(clauses)}"
+                    f"MERGE INTO {self._table_ref(target)} t USING {view} s ON {plan.condition} {' '.join(clauses)}"
                 ).first()
         finally:
             self._spark.catalog.dropTempView(view)
@@ -549,7 +492,7 @@ class DeltaSparkWriter:
 
     def _already_applied(self, target: DeltaTarget, commit: CommitRequest) -> bool:
         progress = self.read_progress(target, commit.app_id)
-        return progress is not None and progress.txn_version >= commit.version
+        return commit.applied_by(progress.txn_version if progress is not None else None)
 
     @staticmethod
     def _render(when: str, clause: Clause) -> str:

@@ -11,13 +11,13 @@ beyond the offsets committed in Delta, since when, and whether the connector sti
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
+from cdc_assets.core.envelope import json_payload
 from cdc_assets.io.kafka_source import SourceError
 
 HEARTBEAT_TOPIC_PREFIX = "__debezium-heartbeat."
@@ -67,8 +67,7 @@ def _source_time(message: Message | None) -> datetime | None:
     if value is None:
         return None
     try:
-        body = json.loads(value)
-        payload = body.get("payload", body) if isinstance(body, dict) else None
+        payload = json_payload(value)
         millis = payload["source"]["ts_ms"] if isinstance(payload, dict) else None
         return datetime.fromtimestamp(int(millis) / 1000, timezone.utc) if millis is not None else None
     except (ValueError, TypeError, KeyError):

@@ -26,7 +26,7 @@ RAW_SCHEMA = pa.schema(
     [("partition", pa.int32()), ("offset", pa.int64()), ("key", pa.binary()), ("value", pa.binary())]
 )
 # Messages per consume call: the call holds the GIL while it makes them, and a batch read ahead must
-# not keep the thread applying the current batch waiting (W1: 10,000 took 15% longer end to end).
+# not keep the thread applying the current batch waiting (docs/tuning.md).
 _CONSUME_CHUNK = 2_000
 # The offsets that count are committed with the data: the consumer never commits or stores any itself.
 _CONSUMER_DEFAULTS = {

@@ -37,25 +37,19 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     "spark.sql.shuffle.partitions": str(os.cpu_count() or 2),
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    # A 100k-record batch needs far less; measured on W1: same speed as 1g, 0.4 GiB less RSS.
+    # A 100k-record batch needs far less than Spark's 1g (figures: docs/tuning.md).
     "spark.driver.memory": "768m",
-    # Batches make short-lived garbage: a young generation of 200 MB collected by 2 threads. Measured
-    # on W1 batches against the serial collector's default sizing (~100 MB): a quarter less CPU.
-    # Fixed survivor spaces of 25 MB: the adaptive policy shrank them to 6 MB, so a batch still in
-    # flight at a collection went to the old generation, which grew to 326 MB for ~90 MB live
-    # (W1, 4 runs on one server: peak RSS 955 MiB before, 778 MiB with this).
+    # Batches make short-lived garbage: a large young generation collected by 2 threads, with fixed
+    # survivor spaces so that a batch in flight at a collection is not promoted (docs/tuning.md).
     JAVA_OPTIONS: "-XX:+UseParallelGC -XX:ParallelGCThreads=2 -Xmn200m -XX:-UseAdaptiveSizePolicy -XX:SurvivorRatio=6",
-    # The UI is off, yet Spark's status store keeps the last 1,000 SQL executions, jobs and stages
-    # (and 100,000 tasks), plans included: about 80 KB per batch. On the long-lived local server that
-    # took the live heap from ~70 MB towards ~200 MB, where the old generation was full and every
-    # young collection became a full one (one server: 326 full collections, 99 s of CPU). Kept to
-    # a few, its live heap levels off at ~90 MB (900 batches in 90 sessions).
+    # The UI is off, yet Spark's status store keeps the last 1,000 SQL executions (plans included),
+    # which fills the long-lived local server's old generation (docs/tuning.md).
     "spark.sql.ui.retainedExecutions": "10",
     "spark.ui.retainedJobs": "10",
     "spark.ui.retainedStages": "10",
     "spark.ui.retainedTasks": "100",
     # PySpark records the Python call site of every column expression it builds, for error messages:
-    # thousands of stack walks per batch (~40 ms per batch of the merge path's expressions).
+    # thousands of stack walks per batch.
     "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
@@ -68,8 +62,8 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
     ``delta_jars`` on its classpath, with Delta's SQL extension and catalog.
     ``use_class_archive``: a local JVM started in this process maps the class archive
     (``cdc_assets.io.class_archive``) when there is one. The local Spark server does not: it starts
-    once and serves many runs, while the archive, relocated in memory, would hold ~170 MB for as long
-    as it lives.
+    once and serves many runs, while the archive, relocated in memory, would hold its memory for as
+    long as it lives.
     """
     settings = dict(EMBEDDED_DEFAULTS)
     if remote:
@@ -187,9 +181,7 @@ def parsed_in_spark(spark: SparkSession, records: pa.Table, value_type: T.Struct
 
 
 # Each parse is a column of its own that later columns refer to by name: spelt out at every use, as a
-# Column expression is, the plan would repeat it (seven times: the hand-over's plan was 33 KB, it is
-# 15.5 KB, and the client builds it in 26 ms instead of 39; the server's CPU per batch did not change
-# measurably).
+# Column expression is, the plan would repeat it (docs/tuning.md).
 _TEXT = "_cdc_text"
 _PARSED = "_cdc_parsed"
 
@@ -212,8 +204,7 @@ def parsed_from_files(spark: SparkSession, records: pa.Table, value_type: T.Stru
     ``exact=False``: no ``from_json`` fallback for lines the reader cannot read, which keep their
     partition and offset but get a null value (and may lose their key). ``from_json`` has no
     generated code, so any use of it keeps the projections that carry the parsed value out of Spark's
-    whole-stage code generation: each then copies every row. Without it, a W1 batch of 100,000
-    records costs Spark 8-15% less CPU (paired batches in one JVM)."""
+    whole-stage code generation: each then copies every row (docs/tuning.md)."""
     _write_parts(_json_lines(records), scratch, _cores(spark))
     line_type = T.StructType([T.StructField("p", T.IntegerType()), T.StructField("o", T.LongType()),
                               T.StructField("k", T.StringType()), T.StructField("v", value_type),
@@ -253,9 +244,8 @@ def _utf8(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _has_byte(text: pa.ChunkedArray, matches: Callable[[np.ndarray], np.ndarray]) -> bool:
-    """Whether a byte of ``text``'s data buffers ``matches``: a scan of the buffers in place (3x faster than
-    bytes.find on a copy of a batch's 40 MB, 20x faster than a regular expression's search), so that a
-    replacement is paid for only by a batch that needs it."""
+    """Whether a byte of ``text``'s data buffers ``matches``: a scan of the buffers in place, without a
+    copy, so that a replacement is paid for only by a batch that needs it."""
     return any(data is not None and bool(matches(np.frombuffer(data, np.uint8)).any())
                for data in (chunk.buffers()[2] for chunk in text.chunks))
 

@@ -128,9 +128,8 @@ def connect(url: str) -> SparkSession:
     (or the process's end); a process that finds every slot taken gets a session of its own,
     released on ``disconnect``. Why: Spark Connect gives every session a class loader of its own,
     and Spark's cache of generated code is keyed by class loader, so a new session per run compiled
-    the merge path's code again and ran it cold (W1: ~2 s more server CPU per run, and a first batch
-    twice as long as the next ones). A reused session first drops what an earlier holder may have left
-    set (``RESET``: a run killed inside ``DeltaSparkWriter``'s commit settings).
+    the merge path's code again and ran it cold (docs/tuning.md). A reused session first drops what
+    an earlier holder may have left set (``RESET``: a run killed inside ``DeltaSparkWriter``'s commit settings).
 
     Spark Connect's client retries an unreachable server for ten minutes; a local server that is
     gone does not come back, so a run fails within seconds instead. A process is either a Spark

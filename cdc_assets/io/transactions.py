@@ -38,6 +38,7 @@ from cdc_assets.io.delta import (
     DeltaTarget,
     DeltaWriterError,
     _concurrent_commit_guard,
+    commit_properties,
 )
 from cdc_assets.io.kafka_source import KafkaSource
 
@@ -168,11 +169,11 @@ def _ingest_once(source: KafkaSource, log: TransactionLog, max_records: int) -> 
     # mode="ignore": a concurrent ingest may create the log first.
     table = DeltaTable.create(log.target.path, schema=LOG_SCHEMA, mode="ignore",
                               storage_options=dict(log.target.storage_options))
-    if DeltaRsWriter._already_applied(table, commit):
+    if commit.applied_by(table.transaction_version(commit.app_id)):
         return 0
     with _concurrent_commit_guard(log.target, commit):
         write_deltalake(table, pa.Table.from_pylist(rows, schema=LOG_SCHEMA), mode="append",
-                        commit_properties=DeltaRsWriter._properties(commit))
+                        commit_properties=commit_properties(commit))
     return len(rows)
 
 

@@ -5,6 +5,7 @@ import json
 import pyarrow as pa
 import pytest
 
+from cdc_assets.core.apply_modes import apply_mode
 from cdc_assets.io.delta import CommitRequest, DeltaTarget, DeltaWriterError, select_writer
 
 SCHEMA = pa.schema([
@@ -14,6 +15,8 @@ SCHEMA = pa.schema([
     ("_cdc_position", pa.string()),
     ("_cdc_source_ts", pa.timestamp("us", tz="UTC")),
 ])
+
+SCD1 = apply_mode("scd1")
 
 
 def batch(spark, *rows):
@@ -38,39 +41,39 @@ def contents(spark, writer, path):
 def test_merge_creates_applies_and_records_offsets_in_the_same_commit(spark, writer, tmp_path):
     target = DeltaTarget(str(tmp_path / "t"))
     outcome = writer.merge(target, batch(spark, (1, "a", "c", "01"), (2, "b", "c", "02")), ["My Id"],
-                           commit(10, {0: 7, 1: 3}))
+                           commit(10, {0: 7, 1: 3}), SCD1)
     assert (outcome.inserted, outcome.updated, outcome.deleted) == (2, 0, 0)
     progress = writer.read_progress(target, "cdc_assets:t")
     assert progress.offsets == {0: 7, 1: 3}
     assert (progress.txn_version, progress.delta_version) == (10, outcome.delta_version)
 
     outcome = writer.merge(target, batch(spark, (1, "a2", "u", "03"), (2, None, "d", "04"), (3, "c", "c", "05")),
-                           ["My Id"], commit(12, {0: 9, 1: 3}))
+                           ["My Id"], commit(12, {0: 9, 1: 3}), SCD1)
     assert (outcome.inserted, outcome.updated, outcome.deleted) == (1, 1, 1)
     assert contents(spark, writer, target.path) == [(1, "a2", "03"), (3, "c", "05")]
 
 
 def test_older_or_equal_positions_change_nothing(spark, writer, tmp_path):
     target = DeltaTarget(str(tmp_path / "t"))
-    writer.merge(target, batch(spark, (1, "new", "u", "05")), ["My Id"], commit(1, {0: 1}))
-    writer.merge(target, batch(spark, (1, "old", "u", "04")), ["My Id"], commit(2, {0: 2}))
-    writer.merge(target, batch(spark, (1, "same position", "u", "05")), ["My Id"], commit(3, {0: 3}))
-    writer.merge(target, batch(spark, (1, None, "d", "03")), ["My Id"], commit(4, {0: 4}))
+    writer.merge(target, batch(spark, (1, "new", "u", "05")), ["My Id"], commit(1, {0: 1}), SCD1)
+    writer.merge(target, batch(spark, (1, "old", "u", "04")), ["My Id"], commit(2, {0: 2}), SCD1)
+    writer.merge(target, batch(spark, (1, "same position", "u", "05")), ["My Id"], commit(3, {0: 3}), SCD1)
+    writer.merge(target, batch(spark, (1, None, "d", "03")), ["My Id"], commit(4, {0: 4}), SCD1)
     assert contents(spark, writer, target.path) == [(1, "new", "05")]
     assert writer.read_progress(target, "cdc_assets:t").offsets == {0: 4}
 
 
 def test_a_committed_txn_version_is_not_applied_twice(spark, writer, tmp_path):
     target = DeltaTarget(str(tmp_path / "t"))
-    first = writer.merge(target, batch(spark, (1, "a", "c", "01")), ["My Id"], commit(5, {0: 5}))
-    again = writer.merge(target, batch(spark, (9, "z", "c", "09")), ["My Id"], commit(5, {0: 5}))
+    first = writer.merge(target, batch(spark, (1, "a", "c", "01")), ["My Id"], commit(5, {0: 5}), SCD1)
+    again = writer.merge(target, batch(spark, (9, "z", "c", "09")), ["My Id"], commit(5, {0: 5}), SCD1)
     assert again.already_applied and again.delta_version == first.delta_version
     assert contents(spark, writer, target.path) == [(1, "a", "01")]
 
 
 def test_offsets_only_commit_for_a_batch_of_tombstones(spark, writer, tmp_path):
     target = DeltaTarget(str(tmp_path / "t"))
-    first = writer.merge(target, batch(spark, (1, "a", "c", "01")), ["My Id"], commit(1, {0: 1}))
+    first = writer.merge(target, batch(spark, (1, "a", "c", "01")), ["My Id"], commit(1, {0: 1}), SCD1)
     outcome = writer.commit_progress(target, commit(2, {0: 2}))
     assert outcome.delta_version == first.delta_version + 1
     assert writer.read_progress(target, "cdc_assets:t").offsets == {0: 2}
@@ -79,7 +82,7 @@ def test_offsets_only_commit_for_a_batch_of_tombstones(spark, writer, tmp_path):
 
 def test_commit_metadata_is_the_documented_json(spark, writer, tmp_path):
     target = DeltaTarget(str(tmp_path / "t"))
-    writer.merge(target, batch(spark, (1, "a", "c", "01")), ["My Id"], commit(4, {2: 4}))
+    writer.merge(target, batch(spark, (1, "a", "c", "01")), ["My Id"], commit(4, {2: 4}), SCD1)
     if writer.name == "delta-rs":
         from deltalake import DeltaTable
 

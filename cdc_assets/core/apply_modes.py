@@ -1,0 +1,284 @@
+"""Apply modes: how a table's decoded events become the rows of its Delta table.
+
+One object per mode (and one for MongoDB documents, which rebuilds whole documents on top of a
+mode) owns everything that differs between them: the hidden columns the table carries, the rows
+its MERGE takes, its MERGE clauses, whether the MERGE evolves the schema itself, and whether the
+next batch may be folded before this one is committed. Callers ask ``apply_mode(name, kind)`` for
+the object and never compare mode names.
+
+Every mode keeps the placeholder rule: a value the connector left unavailable (PostgreSQL TOAST,
+Oracle LOBs) is unchanged, so the rows take the value the table holds for the key (``keep_unavailable``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from cdc_assets.core.envelope import ERROR_COLUMN, TRUNCATE_OP
+from cdc_assets.core.fold import BadEvent, BatchSummary, fold_batch
+from cdc_assets.core.history import CLOSE_AT_COLUMN, CLOSE_TS_COLUMN, KIND_COLUMN, history_versions, latest_positions
+from cdc_assets.core.layout import (
+    CURRENT_COLUMN,
+    DELETED_COLUMN,
+    DOCUMENT_KINDS,
+    HIDDEN_FIELDS,
+    MONGODB_DOCUMENT_COLUMN,
+    OP_COLUMN,
+    POSITION_COLUMN,
+    SOURCE_TS_COLUMN,
+    UNAVAILABLE_COLUMN,
+    VALID_FROM_COLUMN,
+    VALID_FROM_TS_COLUMN,
+    VALID_TO_COLUMN,
+    VALID_TO_TS_COLUMN,
+    ChangeEventLayout,
+)
+from cdc_assets.core.mongodb import ORPHAN_COLUMN, ORPHAN_REASON, fold_documents
+
+ApplyModeName = Literal["scd1", "soft_delete", "scd2"]
+
+# Source-only columns that steer the MERGE and never reach the table.
+HELPER_PREFIX = "_merge_"
+
+# What the table holds for some keys: ``stored(keys, columns)`` gives ``columns`` of the table's rows
+# whose key is in ``keys`` (an Arrow table of key columns), or None when there is no table yet.
+StoredRows = Callable[[pa.Table, Sequence[str]], "pa.Table | None"]
+Quote = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One WHEN clause: ``delete``, ``update`` (``assignments`` None: every column) or ``insert``."""
+
+    action: Literal["delete", "update", "insert"]
+    predicate: str | None = None
+    assignments: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """A MERGE with quoted identifiers: its ON condition, WHEN MATCHED and WHEN NOT MATCHED clauses in order."""
+
+    condition: str
+    matched: list[Clause]
+    not_matched: list[Clause]
+
+
+class ApplyMode(ABC):
+    """The rules of one apply mode. Subclasses are stateless; ``apply_mode`` hands out instances."""
+
+    name: ApplyModeName
+    # The hidden columns a table carries in this mode, after its row columns.
+    hidden_fields: tuple[T.StructField, ...] = HIDDEN_FIELDS
+    # The MERGE adds the batch's new columns itself (schema evolution); else the writer adds them first.
+    evolves_schema: ClassVar[bool] = True
+    # The fold reads nothing of the table but placeholders' values, so the next batch may be folded
+    # while this one is merged (and is folded again if it kept a placeholder's value).
+    folds_ahead: ClassVar[bool] = True
+    # The column that marks the rows holding a key's current values (None: every row does).
+    current_column: ClassVar[str | None] = None
+
+    def rows(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows) -> tuple[pa.Table, BatchSummary]:
+        """The rows to MERGE from a batch's decoded events, and the batch summary; no placeholder left."""
+        rows, summary = self._fold(decoded, layout, stored)
+        rows, summary = keep_unavailable(rows, summary, layout.key_columns, stored, self.current_column)
+        return self._finish(rows), summary
+
+    def _fold(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows
+              ) -> tuple[pa.Table, BatchSummary]:
+        return fold_batch(decoded, layout)
+
+    def _finish(self, rows: pa.Table) -> pa.Table:
+        return rows
+
+    @abstractmethod
+    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote) -> MergePlan:
+        """The MERGE of rows with ``columns`` into the table, identifiers quoted by ``quote``."""
+
+
+def _key_condition(key_columns: Sequence[str], quote: Quote) -> str:
+    return " AND ".join(f"t.{quote(name)} = s.{quote(name)}" for name in key_columns)
+
+
+_NEWER = f"s.{POSITION_COLUMN} > t.{POSITION_COLUMN}"
+
+
+class Scd1(ApplyMode):
+    """One row per live key: a newer delete removes the row, a newer change replaces it, an absent
+    key is inserted."""
+
+    name = "scd1"
+
+    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote) -> MergePlan:
+        return MergePlan(_key_condition(key_columns, quote),
+                         [Clause("delete", f"s.{OP_COLUMN} = 'd' AND {_NEWER}"), Clause("update", _NEWER)],
+                         [Clause("insert", f"s.{OP_COLUMN} <> 'd'")])
+
+
+class SoftDelete(ApplyMode):
+    """scd1 whose deletes only mark the row (``_cdc_deleted``) and record their position; a delete of
+    an absent key is kept as a deleted row, so an older change can never resurrect it."""
+
+    name = "soft_delete"
+    hidden_fields = (*HIDDEN_FIELDS, T.StructField(DELETED_COLUMN, T.BooleanType()))
+
+    def _finish(self, rows: pa.Table) -> pa.Table:
+        return rows.append_column(DELETED_COLUMN, pc.equal(rows[OP_COLUMN], "d"))
+
+    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote) -> MergePlan:
+        marks = {quote(name): f"s.{quote(name)}" for name in (DELETED_COLUMN, OP_COLUMN, POSITION_COLUMN,
+                                                                SOURCE_TS_COLUMN)}
+        return MergePlan(_key_condition(key_columns, quote),
+                         [Clause("update", f"s.{OP_COLUMN} = 'd' AND {_NEWER}", marks), Clause("update", _NEWER)],
+                         [Clause("insert")])
+
+
+class Scd2(ApplyMode):
+    """Every change is a version row with the positions and times it was valid (``core.history``):
+    versions are inserted once, keyed by ``_cdc_valid_from``, and per-key close markers end the
+    current version when the batch's first event is newer.
+
+    Its MERGE does not evolve the schema: the source also carries the close markers' helper columns,
+    which evolution would add to the table. Its fold reads the table (each key's latest position)."""
+
+    name = "scd2"
+    hidden_fields = (
+        T.StructField(OP_COLUMN, T.StringType()),
+        T.StructField(VALID_FROM_COLUMN, T.StringType()),
+        T.StructField(VALID_FROM_TS_COLUMN, T.TimestampType()),
+        T.StructField(VALID_TO_COLUMN, T.StringType()),
+        T.StructField(VALID_TO_TS_COLUMN, T.TimestampType()),
+        T.StructField(CURRENT_COLUMN, T.BooleanType()),
+    )
+    evolves_schema = False
+    folds_ahead = False
+    current_column = CURRENT_COLUMN
+
+    def _fold(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows
+              ) -> tuple[pa.Table, BatchSummary]:
+        decoded = decoded.persist()  # read twice: the fold (for the summary) and the versions
+        try:
+            _, summary = fold_batch(decoded, layout)
+            keyed = decoded.where(F.col(OP_COLUMN) != TRUNCATE_OP)  # a TRUNCATE has no key: never a version
+            keys = _good_keys(keyed, layout)
+            versions = stored(keys, [*layout.key_columns, VALID_FROM_COLUMN, VALID_TO_COLUMN]) if keys.num_rows \
+                else None
+            latest = None
+            if versions is not None and versions.num_rows:
+                latest = latest_positions(decoded.sparkSession.createDataFrame(versions), layout.key_columns)
+            return history_versions(keyed, layout, latest).toArrow(), summary
+        finally:
+            decoded.unpersist()
+
+    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote) -> MergePlan:
+        keys = _key_condition(key_columns, quote)
+        condition = (f"{keys} AND ((s.{KIND_COLUMN} = 'version' AND t.{VALID_FROM_COLUMN} = s.{VALID_FROM_COLUMN}) "
+                     f"OR (s.{KIND_COLUMN} = 'close' AND t.{CURRENT_COLUMN} "
+                     f"AND t.{VALID_FROM_COLUMN} < s.{CLOSE_AT_COLUMN}))")
+        close = {VALID_TO_COLUMN: f"s.{CLOSE_AT_COLUMN}", VALID_TO_TS_COLUMN: f"s.{CLOSE_TS_COLUMN}",
+                 CURRENT_COLUMN: "false"}
+        every_column = {quote(name): f"s.{quote(name)}" for name in columns if not name.startswith(HELPER_PREFIX)}
+        return MergePlan(condition, [Clause("update", f"s.{KIND_COLUMN} = 'close'", close)],
+                         [Clause("insert", f"s.{KIND_COLUMN} = 'version'", every_column)])
+
+
+class Documents(ApplyMode):
+    """MongoDB collections in scd1 or soft_delete: each key's whole document is rebuilt from the
+    table's current row and the batch's patches (``core.mongodb``), then merged as ``base`` merges.
+    A patch of a document never seen is a bad event. Its fold reads the table."""
+
+    folds_ahead = False
+
+    def __init__(self, base: ApplyMode):
+        self.base = base
+        self.name = base.name
+        self.hidden_fields = base.hidden_fields
+
+    def _fold(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows
+              ) -> tuple[pa.Table, BatchSummary]:
+        decoded = decoded.persist()  # read twice: the fold (for the summary) and the documents
+        try:
+            _, summary = fold_batch(decoded, layout)
+            keys = _good_keys(decoded, layout)
+            current = stored(keys, [*layout.key_columns, MONGODB_DOCUMENT_COLUMN, POSITION_COLUMN]) \
+                if keys.num_rows else None
+            base = decoded.sparkSession.createDataFrame(current) if current is not None and current.num_rows \
+                else None
+            folded = fold_documents(decoded, layout, base).toArrow()
+        finally:
+            decoded.unpersist()
+        orphans = [BadEvent(o["offset"], o["partition"], ORPHAN_REASON)
+                   for o in folded[ORPHAN_COLUMN].to_pylist() if o is not None]
+        # A key whose every event was already applied, or whose patches had no document, writes nothing.
+        keep = pc.and_(pc.is_valid(folded[OP_COLUMN]),
+                       pc.or_(pc.equal(folded[OP_COLUMN], "d"), pc.is_valid(folded[MONGODB_DOCUMENT_COLUMN])))
+        if orphans:
+            summary = replace(summary, bad_events=tuple(sorted((*summary.bad_events, *orphans))))
+        return folded.filter(keep).drop_columns([ORPHAN_COLUMN]), summary
+
+    def _finish(self, rows: pa.Table) -> pa.Table:
+        return self.base._finish(rows)
+
+    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote) -> MergePlan:
+        return self.base.merge_plan(key_columns, columns, quote)
+
+
+_MODES: dict[str, ApplyMode] = {mode.name: mode for mode in (Scd1(), SoftDelete(), Scd2())}
+
+
+def apply_mode(name: str, kind: str = "") -> ApplyMode:
+    """The apply mode ``name`` (scd1, soft_delete or scd2) for a connector of ``kind`` (MongoDB: documents)."""
+    try:
+        mode = _MODES[name]
+    except KeyError:
+        raise ValueError(f"unknown apply mode '{name}' (expected {', '.join(_MODES)})") from None
+    if kind in DOCUMENT_KINDS:
+        if isinstance(mode, Scd2):
+            raise ValueError(f"apply_mode {name} is not supported for MongoDB collections")
+        return Documents(mode)
+    return mode
+
+
+def _good_keys(decoded: DataFrame, layout: ChangeEventLayout) -> pa.Table:
+    """The distinct keys of a batch's good events, as Arrow."""
+    return decoded.where(F.col(ERROR_COLUMN).isNull()).select(*layout.key_columns).distinct().toArrow()
+
+
+def keep_unavailable(rows: pa.Table, summary: BatchSummary, key_columns: Sequence[str], stored: StoredRows,
+                     current_column: str | None = None) -> tuple[pa.Table, BatchSummary]:
+    """Give the values the batch left unavailable (the placeholder: unchanged, and no event of the
+    batch knew them) the value the table holds for the key (with ``current_column``: its current
+    version's); where the table has no row for the key the value was never captured and stays null,
+    counted in the summary."""
+    if UNAVAILABLE_COLUMN not in rows.column_names:
+        return rows, summary
+    left = rows[UNAVAILABLE_COLUMN]
+    pending = pc.fill_null(pc.greater(pc.list_value_length(left), 0), False)
+    rows = rows.drop_columns([UNAVAILABLE_COLUMN])
+    if not pc.any(pending).as_py():
+        return rows, summary
+    filled, lists = rows.filter(pending).to_pylist(), left.filter(pending).to_pylist()
+    keys = list(key_columns)
+    names = sorted({name for names in lists for name in names})
+    stored_rows = stored(rows.filter(pending).select(keys), [*keys, *names, *filter(None, [current_column])])
+    found_by_key = {tuple(row[k] for k in keys): row for row in (stored_rows.to_pylist() if stored_rows else [])
+                    if current_column is None or row[current_column]}
+    kept = never_seen = 0
+    for row, unknown in zip(filled, lists, strict=True):
+        found = found_by_key.get(tuple(row[k] for k in keys))
+        for name in unknown:
+            if found is None:
+                never_seen += 1
+            else:
+                row[name], kept = found[name], kept + 1
+    rows = pa.concat_tables([rows.filter(pc.invert(pending)), pa.Table.from_pylist(filled, schema=rows.schema)])
+    return rows, replace(summary, unavailable_kept=kept, unavailable_never_seen=never_seen)
