@@ -1,25 +1,30 @@
 """One software-defined asset per captured table: materializing it merges its new change events, in
-micro-batches."""
+micro-batches. The tables of a connector share one subsettable op (one op per table made the code
+location load in minutes with thousands of tables): a run merges the tables it selects."""
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from dagster import (
+    AssetCheckResult,
     AssetExecutionContext,
+    AssetKey,
     AssetsDefinition,
+    AssetSpec,
     Config,
     MaterializeResult,
     MetadataValue,
     TableColumn,
     TableSchema,
-    asset,
+    multi_asset,
 )
 from pydantic import Field
 from pyspark.sql.types import StructType
 
 from cdc_assets.api import apply_pending
 from cdc_assets.catalog import CapturedTable
+from cdc_assets.checks import evaluate_table_checks, table_check_specs
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.transactions import update_watermark
@@ -106,54 +111,112 @@ def column_schema(schema: StructType | None) -> TableSchema | None:
                                 for field in schema.fields])
 
 
+def merge_op_name(connector: str) -> str:
+    """The name of the op that merges the tables of ``connector`` (its launchpad config goes under it)."""
+    return f"{dagster_name(connector)}_merge"
+
+
+def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
+                           peers: Mapping[str, DeltaTarget] | None = None,
+                           translator: CdcTranslator | None = None, name: str | None = None) -> AssetsDefinition:
+    """The assets of one connector's captured tables, one asset per table, in one subsettable op
+    (``name``, default ``<connector>_merge``): a run merges the selected tables one after another, each
+    MERGEing its new change events into Delta one micro-batch (one commit) at a time, up to
+    ``limits.max_batches_per_run``, and then evaluates that table's checks (``table_check_specs``).
+    A table whose merge fails does not stop the others; the op fails after them, naming it.
+
+    ``peers``: the transaction-consistent tables of the connector (for the watermark);
+    ``translator``: how the tables appear in Dagster (default ``CdcTranslator()``)."""
+    translator = translator or CdcTranslator()
+    if not tables:
+        raise ValueError("a connector's assets need at least one table")
+    connector = tables[0].connector
+    by_key = {translator.get_asset_key(table): table for table in tables}
+    # No read of the tables' storage here: the code location loads in every run worker, and the column
+    # schema reaches the UI with each materialization.
+    specs = [AssetSpec(key, group_name=translator.get_group_name(table), kinds=CDC_KINDS,
+                       description=translator.get_description(table), metadata=translator.get_metadata(table),
+                       owners=translator.get_owners(table) or None, tags=translator.get_tags(table),
+                       freshness_policy=translator.get_freshness_policy(table))
+             for key, table in by_key.items()]
+    check_specs = [spec for key, table in by_key.items() for spec in table_check_specs(table, key)]
+
+    @multi_asset(
+        name=name or merge_op_name(connector),
+        specs=specs,
+        check_specs=check_specs,
+        can_subset=True,
+        # One pool per connector: with a pool limit of 1 (see README), two runs never merge one table at once.
+        pool=f"cdc_connector_{dagster_name(connector)}",
+    )
+    def merge_tables(context: AssetExecutionContext, config: MergeConfig, spark: SparkResource,
+                     kafka: KafkaResource, delta: DeltaResource) -> Iterator[MaterializeResult | AssetCheckResult]:
+        selected = context.selected_asset_keys
+        checks: dict[AssetKey, set[str]] = {}
+        for check_key in context.selected_asset_check_keys:
+            checks.setdefault(check_key.asset_key, set()).add(check_key.name)
+        failures: list[tuple[CapturedTable, Exception]] = []
+        for key, table in by_key.items():  # in config order
+            if key in selected:
+                try:
+                    result = merge_table(context, table, limits, peers, config, spark, kafka, delta, key)
+                except Exception as error:  # the other tables go on; the op fails after them
+                    context.log.error(f"{table.topic}: merge failed: {error}")
+                    failures.append((table, error))
+                    continue  # its checks are not evaluated, as when its own op failed
+                yield result
+            if checks.get(key):
+                yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark)
+        if len(failures) == 1:
+            raise failures[0][1]
+        if failures:
+            raise MergeFailed(failures)
+
+    return merge_tables
+
+
+class MergeFailed(Exception):
+    """Several tables of a run failed to merge (each error is in the run's log)."""
+
+    def __init__(self, failures: Sequence[tuple[CapturedTable, Exception]]):
+        super().__init__(f"{len(failures)} tables failed to merge: " + "; ".join(
+            f"{table.topic}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+            for table, error in failures))
+        self.failures = list(failures)
+        self.__cause__ = failures[0][1]
+
+
+def merge_table(context: AssetExecutionContext, table: CapturedTable, limits: BatchLimits,
+                peers: Mapping[str, DeltaTarget] | None, config: MergeConfig, spark: SparkResource,
+                kafka: KafkaResource, delta: DeltaResource, key: AssetKey) -> MaterializeResult:
+    """One table's merge in a run: its pending micro-batches applied, and what they did."""
+    session = spark.spark_session
+    overrides = {"max_records": config.max_records_per_batch, "max_batches_per_run": config.max_batches_per_run}
+    batch_limits = limits.model_copy(update={k: v for k, v in overrides.items() if v})
+    writer = delta.writer_for(session)
+    # Until caught up, or nothing could be applied (a transaction waits): the next run goes on.
+    reports = apply_pending(table, kafka=kafka.source(), spark=session, writer=writer, limits=batch_limits,
+                            on_batch=lambda report: context.log.info(
+                                f"{table.topic}: {report.events_read} events read, offsets "
+                                f"{report.offsets_json()}"))
+    applied = [r for r in reports if r.outcome is not None]
+    if applied:
+        kafka.source().commit_group_offsets(table.topic, applied[-1].raw.end_offsets)
+    metadata = report_metadata(reports)
+    if table.transaction_log is not None and table.watermarks is not None and applied:
+        watermark = update_watermark(table.connector, table.transaction_log, peers or {}, table.watermarks)
+        if watermark is not None:
+            metadata["consistent_watermark"] = MetadataValue.json({
+                "transaction_id": watermark["transaction_id"], "end_offset": watermark["end_offset"],
+                "versions": json.loads(watermark["versions"])})
+    schema = column_schema(writer.table_schema(table.target))
+    if schema is not None:
+        metadata["dagster/column_schema"] = schema
+    return MaterializeResult(asset_key=key, metadata=metadata)
+
+
 def build_cdc_asset(table: CapturedTable, limits: BatchLimits, peers: Mapping[str, DeltaTarget] | None = None,
                     translator: CdcTranslator | None = None) -> AssetsDefinition:
-    """The asset of one captured table: its materialization MERGEs the table's new change events into
-    Delta, one micro-batch (one commit) at a time, up to ``limits.max_batches_per_run``.
-
-    ``peers``: the transaction-consistent tables of the same connector (for the watermark);
-    ``translator``: how the table appears in Dagster (default ``CdcTranslator()``)."""
-    translator = translator or CdcTranslator()
-    # No read of the table's storage here: the code location loads in every run worker, and the column
-    # schema reaches the UI with each materialization.
-    static_metadata = translator.get_metadata(table)
-
-    @asset(
-        key=translator.get_asset_key(table),
-        group_name=translator.get_group_name(table),
-        kinds=CDC_KINDS,
-        description=translator.get_description(table),
-        metadata=static_metadata,
-        # One pool per table: with a pool limit of 1 (see README), two runs never merge one table at once.
-        pool=f"cdc_table_{dagster_name(table.topic)}",
-        owners=translator.get_owners(table) or None,
-        tags=translator.get_tags(table),
-        freshness_policy=translator.get_freshness_policy(table),
-    )
-    def merge_table(context: AssetExecutionContext, config: MergeConfig, spark: SparkResource,
-                    kafka: KafkaResource, delta: DeltaResource) -> MaterializeResult:
-        session = spark.spark_session
-        overrides = {"max_records": config.max_records_per_batch, "max_batches_per_run": config.max_batches_per_run}
-        batch_limits = limits.model_copy(update={k: v for k, v in overrides.items() if v})
-        writer = delta.writer_for(session)
-        # Until caught up, or nothing could be applied (a transaction waits): the next run goes on.
-        reports = apply_pending(table, kafka=kafka.source(), spark=session, writer=writer, limits=batch_limits,
-                                on_batch=lambda report: context.log.info(
-                                    f"{table.topic}: {report.events_read} events read, offsets "
-                                    f"{report.offsets_json()}"))
-        applied = [r for r in reports if r.outcome is not None]
-        if applied:
-            kafka.source().commit_group_offsets(table.topic, applied[-1].raw.end_offsets)
-        metadata = report_metadata(reports)
-        if table.transaction_log is not None and table.watermarks is not None and applied:
-            watermark = update_watermark(table.connector, table.transaction_log, peers or {}, table.watermarks)
-            if watermark is not None:
-                metadata["consistent_watermark"] = MetadataValue.json({
-                    "transaction_id": watermark["transaction_id"], "end_offset": watermark["end_offset"],
-                    "versions": json.loads(watermark["versions"])})
-        schema = column_schema(writer.table_schema(table.target))
-        if schema is not None:
-            metadata["dagster/column_schema"] = schema
-        return MaterializeResult(metadata=metadata)
-
-    return merge_table
+    """The asset of one captured table alone (its own op, named after its key), with its checks."""
+    key = (translator or CdcTranslator()).get_asset_key(table)
+    return build_connector_assets([table], limits, peers, translator, name=dagster_name("_".join(key.path)))

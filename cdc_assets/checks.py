@@ -2,10 +2,15 @@
 correctness for anything downstream), the table is fresh now (no event waits in its topic longer
 than its bound, the connector's heartbeats are recent), the capture lag of the last merge is under
 its bound, no event of the table sits in the dead-letter table, and the Delta schema holds every
-column the source last announced."""
+column the source last announced.
+
+Each table shows its own checks, but they are not an op each (thousands of ops made the code location
+load in minutes): the checks that look at what a merge left are check specs of the connector's merge
+op (``cdc_assets.assets``), evaluated there after each table's merge or on their own when only they are
+selected; the live ``freshness`` checks are one subsettable check op per connector."""
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -17,7 +22,7 @@ from dagster import (
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
-    asset_check,
+    DagsterInstance,
     multi_asset_check,
 )
 from deltalake import DeltaTable
@@ -28,7 +33,7 @@ from cdc_assets.io.freshness import TableFreshness, freshness_verdict, last_hear
 from cdc_assets.io.registry import read_registry
 from cdc_assets.io.transactions import latest_watermark
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
-from cdc_assets.translator import CdcTranslator, dagster_name
+from cdc_assets.translator import CdcTranslator
 
 
 def _key_report(table: CapturedTable, delta: DeltaResource, spark: SparkResource) -> KeyReport | None:
@@ -65,112 +70,151 @@ def freshness_metadata(state: TableFreshness, heartbeat: datetime | None) -> dic
     return metadata
 
 
-def build_table_checks(table: CapturedTable, translator: CdcTranslator | None = None) -> list[AssetChecksDefinition]:
-    """The checks of one captured table (the two key checks share one scan), on the asset the
-    translator (default ``CdcTranslator()``) names."""
-    key = (translator or CdcTranslator()).get_asset_key(table)
-    name = table.name
+KEY_CHECKS = ("unique_keys", "no_null_keys")  # blocking; one scan of the keys serves both
 
-    @multi_asset_check(
-        name=f"{dagster_name('_'.join(key.path))}_key_checks",
-        specs=[
-            AssetCheckSpec("unique_keys", asset=key, blocking=True,
-                           description=f"Each key of {name} appears once (current versions for scd2)."),
-            AssetCheckSpec("no_null_keys", asset=key, blocking=True, description=f"No row of {name} has a null key."),
-        ],
-        can_subset=True,
-    )
-    def key_checks(context: AssetCheckExecutionContext, delta: DeltaResource,
-                   spark: SparkResource) -> Iterator[AssetCheckResult]:
+
+def table_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpec]:
+    """The specs of the checks that look at what a merge of ``table`` left: check specs of the
+    connector's merge op, evaluated there after the table's merge, or on their own when only they are
+    selected (``evaluate_table_checks``)."""
+    name = table.name
+    specs = [
+        AssetCheckSpec("unique_keys", asset=key, blocking=True,
+                       description=f"Each key of {name} appears once (current versions for scd2)."),
+        AssetCheckSpec("no_null_keys", asset=key, blocking=True, description=f"No row of {name} has a null key."),
+        AssetCheckSpec("capture_lag", asset=key, description=(
+            f"The newest change applied by the last merge of {name} is at most {table.max_capture_lag_s:.0f}s old.")),
+        AssetCheckSpec("no_dead_letters", asset=key, description=f"No event of {name} is in the dead-letter table."),
+        AssetCheckSpec("schema_matches_source", asset=key,
+                       description=f"The Delta table of {name} has every column the source last announced."),
+    ]
+    if table.transaction_log is not None:
+        specs += [
+            AssetCheckSpec("transactions_reconciled", asset=key, description=(
+                f"Every transaction's END count of events for {name} is matched by the events in its topic.")),
+            AssetCheckSpec("consistent_watermark_fresh", asset=key, description=(
+                f"The connector's consistent watermark is at most {table.max_watermark_lag_s:.0f}s old.")),
+        ]
+    return specs
+
+
+def freshness_check_spec(table: CapturedTable, key: AssetKey) -> AssetCheckSpec:
+    """The spec of the live ``freshness`` check (``build_freshness_checks``: kafka only, no pool)."""
+    heartbeat_rule = (f"; the connector's newest heartbeat is at most {table.max_heartbeat_age_s:.0f}s old"
+                      if table.max_heartbeat_age_s else "")
+    return AssetCheckSpec(FRESHNESS_CHECK, asset=key, description=(
+        f"Live, on its own schedule: no event of {table.name} has waited in its topic longer than "
+        f"{table.max_capture_lag_s:.0f}s{heartbeat_rule}."))
+
+
+def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str], instance: DagsterInstance,
+                          delta: DeltaResource, spark: SparkResource) -> Iterator[AssetCheckResult]:
+    """The results of the ``selected`` checks (names) of ``table`` among ``table_check_specs``."""
+    if selected & set(KEY_CHECKS):
         # One scan of the keys serves both checks.
         report = _key_report(table, delta, spark)
-        selected = {check.name for check in context.selected_asset_check_keys}
         if "unique_keys" in selected:
             yield AssetCheckResult(
-                check_name="unique_keys", passed=report is None or report.duplicate_keys == 0,
+                asset_key=key, check_name="unique_keys", passed=report is None or report.duplicate_keys == 0,
                 metadata={"rows": 0, "note": "no batch applied yet"} if report is None else
                 {"rows": report.rows, "duplicate_keys": report.duplicate_keys})
         if "no_null_keys" in selected:
             yield AssetCheckResult(
-                check_name="no_null_keys", passed=report is None or report.null_keys == 0,
+                asset_key=key, check_name="no_null_keys", passed=report is None or report.null_keys == 0,
                 metadata={"rows": 0, "note": "no batch applied yet"} if report is None else
                 {"null_keys": report.null_keys})
-
-    heartbeat_rule = (f"; the connector's newest heartbeat is at most {table.max_heartbeat_age_s:.0f}s old"
-                      if table.max_heartbeat_age_s else "")
-
-    @asset_check(asset=key, name=FRESHNESS_CHECK, description=(
-        f"Live, on its own schedule: no event of {name} has waited in its topic longer than "
-        f"{table.max_capture_lag_s:.0f}s{heartbeat_rule}."))
-    def freshness(context: AssetCheckExecutionContext, kafka: KafkaResource) -> AssetCheckResult:
-        state, heartbeat = live_freshness(table, kafka.client_settings())
-        verdict = freshness_verdict(state, table.max_capture_lag_s, heartbeat, table.max_heartbeat_age_s)
-        return AssetCheckResult(passed=verdict.passed, description=verdict.reason,
-                                metadata={**freshness_metadata(state, heartbeat), "bound_s": table.max_capture_lag_s})
-
-    @asset_check(asset=key, name="capture_lag", description=(
-        f"The newest change applied by the last merge of {name} is at most {table.max_capture_lag_s:.0f}s old."))
-    def capture_lag(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        event = context.instance.get_latest_materialization_event(key)
-        materialization = event.asset_materialization if event else None
-        lag = materialization.metadata.get("capture_lag_s") if materialization else None
-        if lag is None:
-            return AssetCheckResult(passed=True, metadata={"note": "the last merge applied no change"})
-        return AssetCheckResult(passed=lag.value <= table.max_capture_lag_s, severity=AssetCheckSeverity.WARN,
-                                metadata={"capture_lag_s": lag.value, "bound_s": table.max_capture_lag_s})
-
-    @asset_check(asset=key, name="no_dead_letters", description=f"No event of {name} is in the dead-letter table.")
-    def no_dead_letters(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        target = table.dead_letter
-        count = 0
-        if target is not None and DeltaTable.is_deltatable(target.path, storage_options=dict(target.storage_options)):
-            dataset = DeltaTable(target.path, storage_options=dict(target.storage_options)).to_pyarrow_dataset()
-            count = dataset.count_rows(filter=pds.field("topic") == table.topic)
-        return AssetCheckResult(passed=count == 0, severity=AssetCheckSeverity.WARN,
-                                metadata={"dead_lettered_events": count})
-
-    @asset_check(asset=key, name="schema_matches_source",
-                 description=f"The Delta table of {name} has every column the source last announced.")
-    def schema_matches_source(context: AssetCheckExecutionContext, delta: DeltaResource,
-                              spark: SparkResource) -> AssetCheckResult:
-        entry = read_registry(delta.registry_path, delta.storage_options).get((table.connector, name))
-        if entry is None:
-            return AssetCheckResult(passed=True, metadata={"note": "no schema-change event announced this table"})
-        schema = delta.writer_for_schema_changes(spark).table_schema(table.target)
-        present = set(schema.fieldNames()) if schema is not None else set()
-        missing = [column for column in entry.columns.fieldNames() if column not in present]
-        return AssetCheckResult(passed=not missing, severity=AssetCheckSeverity.WARN,
-                                metadata={"missing_columns": missing, "announced": entry.columns.fieldNames()})
-
-    checks = [key_checks, freshness, capture_lag, no_dead_letters, schema_matches_source]
-    if table.transaction_log is not None:
-        checks += _transaction_checks(table, key)
-    return checks
+    last: dict[str, Any] = {}  # the metadata of the table's latest materialization (this step's, if it merged)
+    if selected & {"capture_lag", "transactions_reconciled"}:
+        event = instance.get_latest_materialization_event(key)
+        if event is not None and event.asset_materialization is not None:
+            last = {name: value.value for name, value in event.asset_materialization.metadata.items()}
+    if "capture_lag" in selected:
+        yield _capture_lag(table, key, last)
+    if "no_dead_letters" in selected:
+        yield _no_dead_letters(table, key)
+    if "schema_matches_source" in selected:
+        yield _schema_matches_source(table, key, delta, spark)
+    if "transactions_reconciled" in selected and table.transaction_log is not None:
+        yield _transactions_reconciled(table, key, last)
+    if "consistent_watermark_fresh" in selected and table.transaction_log is not None:
+        yield _consistent_watermark_fresh(table, key)
 
 
-def _transaction_checks(table: CapturedTable, key: AssetKey) -> list[AssetChecksDefinition]:
-    @asset_check(asset=key, name="transactions_reconciled", description=(
-        f"Every transaction's END count of events for {table.name} is matched by the events in its topic."))
-    def transactions_reconciled(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        event = context.instance.get_latest_materialization_event(key)
-        recorded = event.asset_materialization.metadata.get("transactions_incomplete") if event else None
-        incomplete = dict(recorded.value) if recorded is not None else {}
-        description = "; ".join(f"transaction {tx}: END announces {n['expected']} events for {table.name}, the "
-                                f"topic holds {n['seen']}" for tx, n in incomplete.items())
-        return AssetCheckResult(passed=not incomplete, description=description or None,
-                                metadata={"incomplete_transactions": sorted(incomplete)})
+def _capture_lag(table: CapturedTable, key: AssetKey, last: Mapping[str, Any]) -> AssetCheckResult:
+    lag = last.get("capture_lag_s")
+    if lag is None:
+        return AssetCheckResult(asset_key=key, check_name="capture_lag", passed=True,
+                                metadata={"note": "the last merge applied no change"})
+    return AssetCheckResult(asset_key=key, check_name="capture_lag", passed=lag <= table.max_capture_lag_s,
+                            severity=AssetCheckSeverity.WARN,
+                            metadata={"capture_lag_s": lag, "bound_s": table.max_capture_lag_s})
 
-    @asset_check(asset=key, name="consistent_watermark_fresh", description=(
-        f"The connector's consistent watermark is at most {table.max_watermark_lag_s:.0f}s old."))
-    def consistent_watermark_fresh(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        assert table.watermarks is not None
-        latest = latest_watermark(table.watermarks, table.connector)
-        if latest is None or latest["transaction_ts"] is None:
-            return AssetCheckResult(passed=False, severity=AssetCheckSeverity.WARN,
-                                    metadata={"note": "no consistent watermark recorded yet"})
-        age = (datetime.now(timezone.utc) - latest["transaction_ts"]).total_seconds()
-        return AssetCheckResult(passed=age <= table.max_watermark_lag_s, severity=AssetCheckSeverity.WARN,
-                                metadata={"transaction_id": latest["transaction_id"], "age_s": round(age, 3),
-                                          "versions": json.loads(latest["versions"])})
 
-    return [transactions_reconciled, consistent_watermark_fresh]
+def _no_dead_letters(table: CapturedTable, key: AssetKey) -> AssetCheckResult:
+    target = table.dead_letter
+    count = 0
+    if target is not None and DeltaTable.is_deltatable(target.path, storage_options=dict(target.storage_options)):
+        dataset = DeltaTable(target.path, storage_options=dict(target.storage_options)).to_pyarrow_dataset()
+        count = dataset.count_rows(filter=pds.field("topic") == table.topic)
+    return AssetCheckResult(asset_key=key, check_name="no_dead_letters", passed=count == 0,
+                            severity=AssetCheckSeverity.WARN, metadata={"dead_lettered_events": count})
+
+
+def _schema_matches_source(table: CapturedTable, key: AssetKey, delta: DeltaResource,
+                           spark: SparkResource) -> AssetCheckResult:
+    entry = read_registry(delta.registry_path, delta.storage_options).get((table.connector, table.name))
+    if entry is None:
+        return AssetCheckResult(asset_key=key, check_name="schema_matches_source", passed=True,
+                                metadata={"note": "no schema-change event announced this table"})
+    schema = delta.writer_for_schema_changes(spark).table_schema(table.target)
+    present = set(schema.fieldNames()) if schema is not None else set()
+    missing = [column for column in entry.columns.fieldNames() if column not in present]
+    return AssetCheckResult(asset_key=key, check_name="schema_matches_source", passed=not missing,
+                            severity=AssetCheckSeverity.WARN,
+                            metadata={"missing_columns": missing, "announced": entry.columns.fieldNames()})
+
+
+def _transactions_reconciled(table: CapturedTable, key: AssetKey, last: Mapping[str, Any]) -> AssetCheckResult:
+    incomplete: dict[str, Any] = dict(last.get("transactions_incomplete") or {})
+    description = "; ".join(f"transaction {tx}: END announces {n['expected']} events for {table.name}, the "
+                            f"topic holds {n['seen']}" for tx, n in incomplete.items())
+    return AssetCheckResult(asset_key=key, check_name="transactions_reconciled", passed=not incomplete,
+                            description=description or None,
+                            metadata={"incomplete_transactions": sorted(incomplete)})
+
+
+def _consistent_watermark_fresh(table: CapturedTable, key: AssetKey) -> AssetCheckResult:
+    assert table.watermarks is not None
+    latest = latest_watermark(table.watermarks, table.connector)
+    if latest is None or latest["transaction_ts"] is None:
+        return AssetCheckResult(asset_key=key, check_name="consistent_watermark_fresh", passed=False,
+                                severity=AssetCheckSeverity.WARN,
+                                metadata={"note": "no consistent watermark recorded yet"})
+    age = (datetime.now(timezone.utc) - latest["transaction_ts"]).total_seconds()
+    return AssetCheckResult(asset_key=key, check_name="consistent_watermark_fresh",
+                            passed=age <= table.max_watermark_lag_s, severity=AssetCheckSeverity.WARN,
+                            metadata={"transaction_id": latest["transaction_id"], "age_s": round(age, 3),
+                                      "versions": json.loads(latest["versions"])})
+
+
+def build_freshness_checks(name: str, tables: Sequence[CapturedTable],
+                           translator: CdcTranslator | None = None) -> AssetChecksDefinition:
+    """The live ``freshness`` checks of ``tables`` (one connector's) in one check op named ``name``,
+    subsettable: each table keeps a check of its own in the UI."""
+    translator = translator or CdcTranslator()
+    by_key = {translator.get_asset_key(table): table for table in tables}
+
+    @multi_asset_check(name=name, specs=[freshness_check_spec(table, key) for key, table in by_key.items()],
+                       can_subset=True)
+    def freshness(context: AssetCheckExecutionContext, kafka: KafkaResource) -> Iterator[AssetCheckResult]:
+        settings = kafka.client_settings()
+        for check_key in context.selected_asset_check_keys:
+            table = by_key[check_key.asset_key]
+            state, heartbeat = live_freshness(table, settings)
+            verdict = freshness_verdict(state, table.max_capture_lag_s, heartbeat, table.max_heartbeat_age_s)
+            yield AssetCheckResult(
+                asset_key=check_key.asset_key, check_name=FRESHNESS_CHECK, passed=verdict.passed,
+                description=verdict.reason,
+                metadata={**freshness_metadata(state, heartbeat), "bound_s": table.max_capture_lag_s})
+
+    return freshness

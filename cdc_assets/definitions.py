@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from dagster import AssetCheckKey, Definitions, in_process_executor
 
-from cdc_assets.assets import build_cdc_asset
-from cdc_assets.catalog import resolve_tables
-from cdc_assets.checks import FRESHNESS_CHECK, build_table_checks
+from cdc_assets.assets import build_connector_assets
+from cdc_assets.catalog import CapturedTable, resolve_tables
+from cdc_assets.checks import FRESHNESS_CHECK, build_freshness_checks
 from cdc_assets.config import PipelineConfig, load_config
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.registry import read_registry
 from cdc_assets.resources import build_resources, kafka_client_settings, registry_path
-from cdc_assets.translator import CdcTranslator
+from cdc_assets.translator import CdcTranslator, dagster_name
 from jobs import (
     apply_schema_change_job,
     build_freshness_job,
@@ -67,10 +67,17 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
         sensors.append(make_snapshot_backfill_sensor([t for t in live if t.connector in signalled],
                                                      incremental_snapshot_job, cdc_merge_job,
                                                      kafka_client_settings(config.kafka), translator=translator))
+    # One op per connector for its tables' merges (and the checks that look at what a merge left), one
+    # for its live freshness checks: each table is still an asset with checks of its own, but a few ops
+    # rather than six or more per table keep the load (every run worker loads it) short with thousands of tables.
+    by_connector: dict[str, list[CapturedTable]] = {}
+    for table in tables:
+        by_connector.setdefault(table.connector, []).append(table)
     return Definitions(
-        assets=[build_cdc_asset(table, config.batch, transactional.get(table.connector), translator)
-                for table in tables],
-        asset_checks=[check for table in tables for check in build_table_checks(table, translator)],
+        assets=[build_connector_assets(members, config.batch, transactional.get(connector), translator)
+                for connector, members in by_connector.items()],
+        asset_checks=[build_freshness_checks(f"{dagster_name(connector)}_freshness", members, translator)
+                      for connector, members in by_connector.items()],
         jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job, resume_snapshot_job,
               apply_schema_change_job, freshness_job],
         schedules=[*build_merge_schedules(config), *build_snapshot_schedules(config),

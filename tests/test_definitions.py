@@ -75,7 +75,9 @@ def test_merge_job_applies_the_sample_and_reports_metadata(spark, broker, tmp_pa
     assert next(row for row in orders if row["id"] == 10001)["quantity"] == 9
 
     # A second run finds nothing new: no events read, nothing changes.
-    again = materialize([defs.get_assets_def(KEYS[1])], resources=defs.resources)
+    # The inventory connector's op holds both of its tables: this run selects customers only.
+    again = materialize([defs.get_assets_def(KEYS[1])], selection=[KEYS[1]], resources=defs.resources)
+    assert {e.asset_key for e in again.get_asset_materialization_events()} == {KEYS[1]}
     metadata = again.asset_materializations_for_node(again.get_asset_materialization_events()[0].node_name)[0].metadata
     assert metadata["events_read"].value == 0
     assert DeltaTable(str(tmp_path / "dbserver1" / "inventory" / "customers")).version() == 1
@@ -147,7 +149,7 @@ def test_a_run_drains_a_backlog_in_micro_batches_up_to_its_limit(spark, broker, 
     path = str(tmp_path / "dbserver1" / "inventory" / "products")
 
     def run(run_config=None):
-        result = materialize([products], resources=defs.resources, run_config=run_config)
+        result = materialize([products], selection=[KEYS[0]], resources=defs.resources, run_config=run_config)
         (event,) = result.get_asset_materialization_events()
         return event.event_specific_data.materialization.metadata
 
@@ -170,6 +172,31 @@ def test_a_run_drains_a_backlog_in_micro_batches_up_to_its_limit(spark, broker, 
     assert rest["offsets"].value == {"0": {"from": 10, "to": 16, "high_watermark": 16}}
     assert group_offset() == 16
     assert DeltaTable(path).count() == 10  # as one batch leaves it (test above: 10 rows inserted)
+
+
+def test_a_table_that_fails_to_merge_stops_neither_the_other_tables_of_its_connector_nor_their_checks(
+        spark, broker, tmp_path):
+    # The tables of a connector share one op: an error stopping one of them (here an event it cannot read)
+    # must not hold back the others.
+    sample_published(broker)
+    broken = f"broken_{uuid.uuid4().hex[:8]}"
+    topic = new_topic_named(broker, f"dbserver1.inventory.{broken}")
+    produce(broker, topic, [(b'{"id": 1}', b"not json")])
+    config = CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path).replace(
+        "      - name: inventory.customers\n", f"      - name: inventory.customers\n      - name: inventory.{broken}\n")
+    defs = build_definitions(parse_config(config))
+    broken_key = AssetKey(["dbserver1", "inventory", broken])
+    with DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("cdc_merge_job").execute_in_process(
+            instance=instance, asset_selection=[broken_key, KEYS[0]], raise_on_error=False)
+    assert not result.success
+    assert {e.asset_key for e in result.get_asset_materialization_events()} == {KEYS[0]}
+    evaluated = {(e.asset_key, e.check_name) for e in result.get_asset_check_evaluations()}
+    assert {(KEYS[0], "unique_keys"), (KEYS[0], "no_null_keys")} <= evaluated
+    assert not any(key == broken_key for key, _ in evaluated)
+    [failure] = [e for e in result.all_events if e.is_step_failure]
+    error = failure.step_failure_data.error.cause  # the table's own error, under Dagster's step error
+    assert error is not None and topic in error.message
 
 
 class BronzeTranslator(CdcTranslator):
