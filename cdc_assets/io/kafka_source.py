@@ -73,6 +73,7 @@ class KafkaSource:
         exponential backoff from ``backoff_s``, before the batch fails naming broker and topic."""
         self._settings = {**_CONSUMER_DEFAULTS, **settings}
         self._consumer: Consumer | None = None
+        self._topic: str | None = None  # what the fetching consumer last read
         # Metadata and watermarks go through a client of their own: a broker serves one request of a
         # connection at a time, so behind the fetching consumer's long poll at a partition's end
         # (``fetch.wait.max.ms``) each of them would wait for it.
@@ -105,6 +106,17 @@ class KafkaSource:
         if self._consumer is None:
             self._consumer = Consumer(dict(self._settings))
         return self._consumer
+
+    def _client_for(self, topic: str) -> Consumer:
+        """The fetching consumer for a batch of ``topic``: a new one when the last batch read another
+        topic. Reassigned instead, the consumer's first fetch of the new partitions waited behind the
+        broker's long poll of the old ones (``fetch.wait.max.ms``), in every table of a run."""
+        if self._consumer is not None and self._topic not in (None, topic):
+            self._consumer.close()
+            self._consumer = None
+            self._assigned_at.clear()
+        self._topic = topic
+        return self._client()
 
     def _metadata(self) -> Consumer:
         """The client for metadata and watermark requests (it never fetches)."""
@@ -192,7 +204,7 @@ class KafkaSource:
     def _read(self, topic: str, start_offsets: Mapping[int, int] | None, max_records: int, max_bytes: int,
               poll_timeout_s: float) -> RawBatch:
         started = time.perf_counter()
-        consumer = self._client()
+        consumer = self._client_for(topic)
         partitions = self._partitions(topic)
         start: dict[int, int] = {}
         high: dict[int, int] = {}
