@@ -7,13 +7,19 @@ a fresh JVM for the in-process Spark ones), round after round:
 
 - ``consume_only``: confluent-kafka reads every record, no parsing (the broker/client ceiling);
 - ``no_spark``: pyarrow JSON parse + fold, delta-rs MERGE (``benchmarks.references``);
-- ``plain_spark``: Spark from_json + window fold with Spark's default settings, delta-rs MERGE;
+- ``plain_spark``: the canonical pattern a Spark user writes: Structured Streaming's Kafka source
+  (``maxOffsetsPerTrigger``, ``availableNow``), ``foreachBatch`` with ``from_json``, a window fold and
+  a delta-spark MERGE, Spark's default settings, in the run's own JVM;
+- ``declarative_pipeline``: Spark 4.2's declarative pipelines (``spark-pipelines run``): the same Kafka
+  stream into ``create_auto_cdc_flow`` (SCD1, keys + ``sequence_by``) and a Delta streaming table;
 - ``project``: the project's ``cdc_merge_job`` (a real Dagster run, ``execute_in_process``) on the
-  embedded default, draining the topic in micro-batches of ``--batch`` records. Spark is the local
-  Spark server that runs share (``cdc_assets.io.spark_server``): the benchmark's first project run
-  starts it (reported apart, as "project, cold server"), the measured runs find it warm;
-- ``project_in_process``: the same run with ``spark.local_server: false``, Spark in the run's own
-  (fresh) JVM, as every run had before the local server.
+  embedded default (delta-rs writer), draining the topic in micro-batches of ``--batch`` records.
+  Spark is the local Spark server that runs share (``cdc_assets.io.spark_server``): the benchmark's
+  first project run starts it (reported apart, as "project, cold server"), the measured runs find it warm;
+- ``project_delta_spark``: the same run with ``delta.writer: delta-spark`` (MERGE in the local server);
+- not run unless named in ``--variants``: ``spark_fold`` (confluent-kafka, Spark from_json + window fold,
+  delta-rs MERGE: the plain-Spark reference of the earlier tables) and ``project_in_process`` (the
+  project with ``spark.local_server: false``, Spark in the run's own fresh JVM).
 
 Every variant that writes Delta is checked against an oracle (row count and checksum of the
 reference fold). Prints medians of the seconds from the first poll to the last committed Delta
@@ -49,7 +55,7 @@ from pyspark.sql import SparkSession
 
 from benchmarks.measure import PeakRss
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker
-from cdc_assets.io.spark import spark_config
+from cdc_assets.io.spark import DELTA_CATALOG, DELTA_EXTENSION, delta_jars, spark_config
 from cdc_assets.io.spark_server import (
     SERVER_DIR_ENV_VAR,
     connect,
@@ -140,7 +146,7 @@ kafka:
   group_id: bench
 delta:
   root: {root}
-  writer: delta-rs
+  writer: {writer}
 batch:
   max_records: {batch}
   max_batches_per_run: 1000
@@ -155,12 +161,13 @@ connectors:
 """
 
 
-def run_project(bootstrap: str, batch: int, work: Path, local_server: bool = True) -> tuple[dict[str, float], str]:
+def run_project(bootstrap: str, batch: int, work: Path, local_server: bool = True,
+                writer: str = "delta-rs") -> tuple[dict[str, float], str]:
     """The project's ``cdc_merge_job`` in this process (Spark session made first, timed apart); its
     stage seconds and the Delta table's path."""
     config_path = work / "pipeline.yaml"
     config_path.write_text(PROJECT_CONFIG.format(bootstrap=bootstrap, root=work / "delta", batch=batch,
-                                                 local_server=str(local_server).lower()))
+                                                 local_server=str(local_server).lower(), writer=writer))
     os.environ["CDC_ASSETS_CONFIG"] = str(config_path)
     from dagster import DagsterInstance
 
@@ -204,7 +211,13 @@ def _start_spark(settings: dict[str, str]) -> float:
 
 def child(variant: str, bootstrap: str, batch: int, work: Path) -> None:
     """One run of one variant in this (fresh) process; prints one ``RESULT {json}`` line."""
-    from benchmarks.references import run_no_spark, run_plain_spark
+    from benchmarks.references import (
+        run_declarative_pipeline,
+        run_no_spark,
+        run_plain_spark,
+        run_spark_fold,
+        spark_kafka_jars,
+    )
 
     target = str(work / "delta" / "accounts")
     with PeakRss(exclude_pid=-1) as rss:
@@ -212,14 +225,26 @@ def child(variant: str, bootstrap: str, batch: int, work: Path) -> None:
             stages = consume_only(bootstrap)
         elif variant == "no_spark":
             stages = run_no_spark(bootstrap, TOPIC, batch, target)
-        elif variant == "plain_spark":
+        elif variant == "spark_fold":
             # Spark's own defaults: only the master, the UI off and UTC.
             spark_start = _start_spark({"spark.master": "local[*]", "spark.ui.enabled": "false",
                                         "spark.sql.session.timeZone": "UTC"})
-            stages = run_plain_spark(SparkSession.getActiveSession(), bootstrap, TOPIC, batch, target)
+            stages = run_spark_fold(SparkSession.getActiveSession(), bootstrap, TOPIC, batch, target)
             stages["spark_start_s"] = spark_start
+        elif variant == "plain_spark":
+            # Spark's own defaults, with Delta's and the Kafka connector's jars: the master, the UI off and UTC.
+            spark_start = _start_spark({
+                "spark.master": "local[*]", "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC",
+                "spark.jars": ",".join([*delta_jars().split(","), *spark_kafka_jars()]),
+                "spark.sql.extensions": DELTA_EXTENSION, "spark.sql.catalog.spark_catalog": DELTA_CATALOG})
+            stages = run_plain_spark(SparkSession.getActiveSession(), bootstrap, TOPIC, batch, target,
+                                     str(work / "checkpoint"))
+            stages["spark_start_s"] = spark_start
+        elif variant == "declarative_pipeline":
+            stages, target = run_declarative_pipeline(bootstrap, TOPIC, batch, work)
         else:
-            stages, target = run_project(bootstrap, batch, work, local_server=variant == "project")
+            stages, target = run_project(bootstrap, batch, work, local_server=variant != "project_in_process",
+                                         writer="delta-spark" if variant == "project_delta_spark" else "delta-rs")
     # CPU of this process and its children (the JVM), a local Spark server it started excepted.
     servers = {state["pid"] for _, state in running_servers()}
     me = psutil.Process()
@@ -246,7 +271,11 @@ def wait_until_idle(pid: int, below: float = 0.05, timeout_s: float = 120.0) -> 
             return
 
 
-VARIANTS = ("consume_only", "no_spark", "plain_spark", "project_in_process", "project")
+VARIANTS = ("consume_only", "no_spark", "plain_spark", "declarative_pipeline", "project", "project_delta_spark")
+OPTIONAL_VARIANTS = ("spark_fold", "project_in_process")
+MAY_FAIL = ("declarative_pipeline",)  # on delta-spark 4.4 + Spark 4.2 it cannot run (docs/performance.md)
+SERVED = ("project", "project_delta_spark")  # the variants that run on the local Spark server
+REFERENCES = ("consume_only", "no_spark", "plain_spark", "declarative_pipeline", "spark_fold", "project_in_process")
 
 
 def main() -> None:
@@ -256,8 +285,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100_000, help="max records per micro-batch")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per variant (medians are reported)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated subset of {VARIANTS}")
-    parser.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {VARIANTS + OPTIONAL_VARIANTS} (default: {VARIANTS})")
+    parser.add_argument("--child", choices=VARIANTS + OPTIONAL_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -272,21 +302,30 @@ def main() -> None:
     print(f"W1: {events:,} events + {len(records) - events:,} tombstones over {args.keys:,} keys, "
           f"{args.partitions} partitions, batches of {args.batch:,}; {args.runs} fresh process(es) per variant")
     results: dict[str, list[dict]] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="cdc-bench-") as work, ApacheKafkaBroker(Path(work) / "broker") as broker:
         os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")  # the benchmark's own, started cold
         produce(broker.bootstrap_servers, records, args.partitions)
         del records
         # The project's first run starts the local Spark server; it is reported apart from the runs that find it.
-        rounds = [[("project", "cold")]] if "project" in variants else []
+        served = [v for v in variants if v in SERVED]
+        rounds = [[(served[0], "cold")]] if served else []
         rounds += [[(variant, str(run + 1)) for variant in variants] for run in range(args.runs)]
         try:
             for round_ in rounds:
                 for variant, label in round_:
+                    if variant in failed:
+                        continue
                     result = run_child(variant, label, args.batch, broker, Path(work) / f"{variant}-{label}", oracle)
-                    results.setdefault(variant if label != "cold" else "project, cold server", []).append(result)
+                    if "failed" in result:
+                        failed[variant] = result["failed"]
+                        continue
+                    results.setdefault(variant if label != "cold" else f"{variant}, cold server", []).append(result)
         finally:
             stop_all()
     report(results, events)
+    for variant, error in failed.items():
+        print(f"{variant}: did not run: {error}")
 
 
 def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, run_dir: Path,
@@ -295,7 +334,7 @@ def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, r
     CPU seconds of the run, the local Spark server and the broker, and the server's peak RSS."""
     wait_until_idle(broker.pid)
     run_dir.mkdir()
-    servers = [state["pid"] for _, state in running_servers()] if variant == "project" else []
+    servers = [state["pid"] for _, state in running_servers()] if variant in SERVED else []
     cpu = {"broker": _cpu(broker.pid), "server": sum(_cpu(pid) for pid in servers)}
     with contextlib.ExitStack() as stack:
         server_rss = [stack.enter_context(PeakRss(exclude_pid=-1, pid=pid)) for pid in servers]
@@ -303,9 +342,15 @@ def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, r
             [sys.executable, "-m", "benchmarks.merge_throughput", "--child", variant, "--bootstrap",
              broker.bootstrap_servers, "--batch", str(batch), "--work", str(run_dir)],
             capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-    if variant == "project" and not servers:  # started by this run (its RSS counted in the run's)
+    if variant in SERVED and not servers:  # started by this run (its RSS counted in the run's)
         servers = [state["pid"] for _, state in running_servers()]
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if variant in MAY_FAIL and (done.returncode != 0 or not lines):
+        # The finding is the error: print the last line that names one, go on with the other variants.
+        errors = [line.strip() for line in (done.stdout + done.stderr).splitlines()
+                  if "Exception:" in line or line.startswith("Error:")] or ["no error line: see its stderr"]
+        print(f"  run {label:<4} {variant:<19} FAILED: {errors[-1]}", flush=True)
+        return {"failed": str(errors[-1])}
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{variant} run {label} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     result = json.loads(lines[-1].removeprefix("RESULT "))
@@ -347,19 +392,26 @@ def report(results: dict[str, list[dict]], events: int) -> None:
         cpu = "/".join(f"{median(variant, part, 'cpu'):.1f}" for part in ("run", "server", "broker"))
         print(f"{variant:<22}{seconds:>8.1f}s{events / seconds:>11,.0f}{start:>13}{rss:>6.2f} GiB"
               f"{with_server:>6.2f} GiB{cpu:>26}")
-    if "project" in results:
-        project = median("project", "total_s")
-        for reference in ("consume_only", "no_spark", "plain_spark", "project_in_process"):
-            if reference in results:
-                print(f"project / {reference}: {median(reference, 'total_s') / project:.2f}x the throughput")
-        inner = median("project", "first_poll_to_commit_s")
-        print(f"project, first poll to last commit (the Dagster run's start and end aside): {inner:.1f} s, "
+    for project_variant in SERVED:
+        if project_variant not in results:
+            continue
+        project = median(project_variant, "total_s")
+        ratios = [f"{median(reference, 'total_s') / project:.2f}x {reference}" for reference in REFERENCES
+                  if reference in results]
+        print(f"{project_variant}: throughput " + ", ".join(ratios))
+        inner = median(project_variant, "first_poll_to_commit_s")
+        print(f"{project_variant}, first poll to last commit (the Dagster run's start and end aside): {inner:.1f} s, "
               f"{events / inner:,.0f} events/s")
-        stages = {k: median("project", k) for k in results["project"][0]["stages"]
+        stages = {k: median(project_variant, k) for k in results[project_variant][0]["stages"]
                   if k.endswith("_s") and k not in ("total_s", "spark_start_s", "first_poll_to_commit_s")}
-        print("project stages (medians, seconds):")
+        print(f"{project_variant} stages (medians, seconds):")
         for stage, seconds in sorted(stages.items(), key=lambda item: -item[1]):
             print(f"  {stage:<26}{seconds:7.2f}")
+    for reference in ("plain_spark", "declarative_pipeline"):
+        if reference in results:
+            stages = {k: median(reference, k) for k in results[reference][0]["stages"] if k.endswith("_s")}
+            print(f"{reference} stages (medians, seconds): "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(stages.items(), key=lambda item: -item[1])))
 
 
 if __name__ == "__main__":

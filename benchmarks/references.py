@@ -1,12 +1,18 @@
-"""Two reference implementations of the merge path, run beside the project's merge job by the throughput benchmark.
+"""Reference implementations of the merge path, run beside the project's merge job by the throughput benchmark.
 
-Both read every partition of a topic of Debezium PostgreSQL change events (JSON without schema wrapper,
+Each reads every partition of a topic of Debezium PostgreSQL change events (JSON without schema wrapper,
 key ``{"id": ...}``, a tombstone after each delete) from offset 0 to the high watermarks seen at the start,
-in micro-batches of at most ``batch`` records, fold each batch to the latest event per key and MERGE it
-into a Delta table with delta-rs. They differ only in the parse and fold:
+in micro-batches of at most ``batch`` records, folds each batch to the latest event per key (greatest
+``source.lsn``) and MERGEs it into a Delta table:
 
-- ``run_no_spark``: pyarrow JSON parse and a pyarrow sort-based fold, no Spark at all.
-- ``run_plain_spark``: Spark ``from_json`` and ``row_number()`` over a window, written plainly.
+- ``run_no_spark``: confluent-kafka, pyarrow JSON parse and a pyarrow sort-based fold, delta-rs MERGE; no Spark.
+- ``run_spark_fold``: confluent-kafka, Spark ``from_json`` and ``row_number()`` over a window, delta-rs MERGE.
+- ``run_plain_spark``: what a Spark user writes: Structured Streaming's Kafka source (``maxOffsetsPerTrigger``,
+  ``Trigger.AvailableNow``), ``foreachBatch`` with ``from_json``, ``row_number()`` over a window and a
+  delta-spark ``MERGE``; no confluent-kafka, no delta-rs.
+- ``run_declarative_pipeline``: Spark Declarative Pipelines (``pyspark.pipelines``): a streaming view over the
+  Kafka source and ``create_auto_cdc_flow`` (SCD1, keys ``id``, ``sequence_by`` the LSN, deletes by op) into a
+  Delta streaming table, run by ``spark-pipelines run``.
 
 Each returns the seconds per stage summed over the batches, ``total_s`` (first poll to the last committed
 Delta version, table creation included) and ``batches``.
@@ -14,9 +20,13 @@ Delta version, table creation included) and ``batches``.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import TracebackType
 
 import pyarrow as pa
@@ -24,8 +34,9 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from deltalake import DeltaTable
-from pyspark.sql import SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 ROW = pa.struct([("id", pa.int64()), ("balance", pa.int64()), ("owner", pa.string()), ("status", pa.string()),
                  ("seq", pa.int64())])
@@ -53,7 +64,7 @@ def run_no_spark(bootstrap: str, topic: str, batch: int, target: str) -> dict[st
     return _run(bootstrap, topic, batch, target, _fold_arrow)
 
 
-def run_plain_spark(spark: SparkSession, bootstrap: str, topic: str, batch: int, target: str) -> dict[str, float]:
+def run_spark_fold(spark: SparkSession, bootstrap: str, topic: str, batch: int, target: str) -> dict[str, float]:
     """Spark parse + fold written plainly (default settings): createDataFrame from the Arrow raw records,
     from_json with the full envelope schema, row_number() over a window partitioned by key ordered by
     source.lsn desc, keep rn == 1, toArrow, delta-rs MERGE.
@@ -76,6 +87,146 @@ def run_plain_spark(spark: SparkSession, bootstrap: str, topic: str, batch: int,
                     .toArrow())
 
     return _run(bootstrap, topic, batch, target, fold)
+
+
+SPARK_KAFKA_JARS = Path(sys.prefix) / "share" / "cdc-assets" / "spark-kafka-jars"
+COLUMNS = ("balance", "owner", "status", "seq")
+
+
+def spark_kafka_jars() -> list[str]:
+    """Spark's Kafka connector and its dependencies, as ``scripts/setup`` fetched them."""
+    jars = sorted(str(jar) for jar in SPARK_KAFKA_JARS.glob("*.jar"))
+    if not jars:
+        raise SystemExit(f"no Spark Kafka connector in {SPARK_KAFKA_JARS}: run scripts/setup")
+    return jars
+
+
+def run_plain_spark(spark: SparkSession, bootstrap: str, topic: str, batch: int, target: str,
+                    checkpoint: str) -> dict[str, float]:
+    """The canonical Spark pattern: a Kafka stream (``maxOffsetsPerTrigger`` = ``batch``, ``availableNow``),
+    ``foreachBatch``: ``from_json``, the newest event per key by ``row_number()`` over a window, and a
+    delta-spark MERGE (delete on ``d``, else update or insert). Spark's default settings otherwise.
+
+    Stages: ``create_table_s``, ``stream_s`` (the stream's start to its end: read, parse, fold and MERGE
+    overlap inside Spark), of which ``merge_commit_s`` (inside ``foreachBatch``).
+    """
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    stages: dict[str, float] = {}
+    batches = 0
+    started = time.perf_counter()
+    with _timed(stages, "create_table_s"):
+        (SparkDeltaTable.createIfNotExists(spark).location(target)
+         .addColumns(T.StructType([T.StructField("id", T.LongType()), T.StructField("balance", T.LongType()),
+                                   T.StructField("owner", T.StringType()), T.StructField("status", T.StringType()),
+                                   T.StructField("seq", T.LongType())])).execute())
+    target_table = SparkDeltaTable.forPath(spark, target)
+
+    def merge(frame: DataFrame, batch_id: int) -> None:
+        nonlocal batches
+        with _timed(stages, "merge_commit_s"):
+            events = frame.where(F.col("value").isNotNull()).select(
+                F.from_json(F.col("key").cast("string"), "id BIGINT")["id"].alias("id"),
+                F.from_json(F.col("value").cast("string"), SPARK_ENVELOPE).alias("e"))
+            newest_first = Window.partitionBy("id").orderBy(F.col("e.source.lsn").desc())
+            newest = (events.withColumn("rn", F.row_number().over(newest_first)).where(F.col("rn") == 1)
+                      .select("id", "e.after.balance", "e.after.owner", "e.after.status", "e.after.seq", "e.op"))
+            values = {"id": "s.id", **{c: f"s.{c}" for c in COLUMNS}}
+            (target_table.alias("t").merge(newest.alias("s"), "t.id = s.id")
+             .whenMatchedDelete("s.op = 'd'")
+             .whenMatchedUpdate("s.op != 'd'", set={c: f"s.{c}" for c in COLUMNS})
+             .whenNotMatchedInsert("s.op != 'd'", values=values)
+             .execute())
+        batches += 1
+
+    with _timed(stages, "stream_s"):
+        query = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+                 .option("subscribe", topic).option("startingOffsets", "earliest")
+                 .option("maxOffsetsPerTrigger", str(batch)).load()
+                 .writeStream.foreachBatch(merge).option("checkpointLocation", checkpoint)
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+    stages["total_s"] = time.perf_counter() - started
+    stages["batches"] = batches
+    return stages
+
+
+PIPELINE_SPEC = """\
+name: w1_auto_cdc
+storage: {storage}
+configuration:
+{configuration}
+libraries:
+  - glob:
+      include: transformations/**
+"""
+
+PIPELINE_DEFINITIONS = """\
+from pyspark import pipelines as dp
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+spark = SparkSession.active()
+
+
+@dp.temporary_view()
+def w1_events():
+    return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", {bootstrap!r})
+            .option("subscribe", {topic!r}).option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", {batch!r}).load()
+            .where(F.col("value").isNotNull())
+            .select(F.from_json(F.col("key").cast("string"), "id BIGINT")["id"].alias("id"),
+                    F.from_json(F.col("value").cast("string"), {envelope!r}).alias("e"))
+            .select("id", "e.after.balance", "e.after.owner", "e.after.status", "e.after.seq", "e.op",
+                    F.col("e.source.lsn").alias("lsn")))
+
+
+dp.create_streaming_table("accounts", format="delta")
+dp.create_auto_cdc_flow(target="accounts", source="w1_events", keys=["id"], sequence_by="lsn",
+                        apply_as_deletes="op = 'd'", except_column_list=["op", "lsn"], stored_as_scd_type=1)
+"""
+
+
+def run_declarative_pipeline(bootstrap: str, topic: str, batch: int, work: Path) -> tuple[dict[str, float], str]:
+    """Spark Declarative Pipelines: ``spark-pipelines run`` of a spec whose one Python file defines a
+    streaming view over the Kafka topic and ``create_auto_cdc_flow`` (SCD1, keys ``id``, ``sequence_by``
+    the LSN, ``apply_as_deletes`` op ``d``) into a Delta streaming table. Its stages and the table's path.
+    A run that fails raises ``SystemExit`` with the CLI's output (the error is the finding).
+    """
+    from cdc_assets.io.spark import delta_jars
+
+    pipeline = work / "pipeline"
+    (pipeline / "transformations").mkdir(parents=True)
+    warehouse = work / "warehouse"
+    configuration = {"spark.sql.warehouse.dir": str(warehouse), "spark.sql.session.timeZone": "UTC",
+                     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+                     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog"}
+    (pipeline / "spark-pipeline.yml").write_text(PIPELINE_SPEC.format(
+        storage=(work / "pipeline-storage").as_uri(),
+        configuration="".join(f"  {key}: {value}\n" for key, value in configuration.items())))
+    (pipeline / "transformations" / "w1.py").write_text(PIPELINE_DEFINITIONS.format(
+        bootstrap=bootstrap, topic=topic, batch=str(batch), envelope=SPARK_ENVELOPE))
+    import pyspark
+
+    spark_home = Path(pyspark.__file__).parent
+    jars = ",".join([*delta_jars().split(","), *spark_kafka_jars()])
+    # On the driver's class path: ``--jars`` alone leaves Delta's catalog out of reach of the
+    # Spark Connect server that ``spark-pipelines`` starts (``Cannot find catalog plugin class``).
+    command = [str(spark_home / "bin" / "spark-pipelines"), "--jars", jars,
+               "--driver-class-path", jars.replace(",", os.pathsep),
+               "--conf", "spark.ui.enabled=false", "--conf", f"spark.sql.warehouse.dir={warehouse}",
+               "--conf", "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension",
+               "--conf", "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
+               "run", "--spec", str(pipeline / "spark-pipeline.yml")]
+    env = {**os.environ, "SPARK_HOME": str(spark_home), "PYSPARK_PYTHON": sys.executable}
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, cwd=pipeline, env=env)
+    elapsed = time.perf_counter() - started
+    (work / "spark-pipelines.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(f"spark-pipelines run failed ({done.returncode}):\n"
+                         f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    return {"total_s": elapsed}, str(warehouse / "accounts")
 
 
 @contextmanager

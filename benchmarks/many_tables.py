@@ -1,0 +1,359 @@
+"""W2, many tables: one ``cdc_merge_job`` run applying 200 small tables of one connector, warm local server.
+
+Produces, into a local Apache Kafka, ``--tables`` topics of one PostgreSQL connector (``--partitions``
+each) with ``--events`` Debezium events per table (JSON converter with schemas: snapshot reads, then
+creates, updates and deletes each followed by a tombstone; columns bigint, text, double, boolean,
+decimal(12,2), timestamp, date), waits until the broker is idle, then:
+
+1. warms the local Spark server: a ``cdc_merge_job`` run over the first ``--warm-tables`` tables into a
+   Delta root of its own (it starts the server; reported apart);
+2. the measured run, in a fresh process as a run worker has it: ``cdc_merge_job`` over all the tables
+   (``execute_in_process``, the job's in-process executor, its instance made before), on the warm server.
+
+Every table is checked against the reference fold (row count and checksum). Prints the run's seconds,
+events/s, the per-table overhead (the run's seconds over the tables, and with the events' own cost at the
+W1 rate taken out), peak RSS of the run (+ the server), the CPU seconds of run, server and broker, and
+where a table's time goes: the pipeline's stage seconds summed over the tables, the Dagster time around
+them, and with ``--profile`` the run's cProfile (cumulative, the top functions).
+
+    python -m benchmarks.many_tables [--tables 200] [--events 500] [--partitions 3] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import cProfile
+import datetime as dt
+import decimal
+import hashlib
+import io
+import json
+import os
+import pstats
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from deltalake import DeltaTable
+
+from benchmarks.measure import PeakRss
+from benchmarks.merge_throughput import _cpu, wait_until_idle
+from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker
+from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
+
+PREFIX = "w2"
+SCHEMA = "public"
+W1_EVENTS_PER_S = 100_000  # the events' own cost is taken out at about W1's rate (docs/performance.md)
+
+CONFIG = """
+kafka:
+  bootstrap_servers: {bootstrap}
+  group_id: bench-w2
+delta:
+  root: {root}
+  writer: {writer}
+batch:
+  max_records: 100000
+spark:
+  local_server: true
+connectors:
+  - name: w2
+    kind: postgresql
+    topic.prefix: {prefix}
+    tables:
+{tables}
+"""
+
+_ROW_FIELDS = [
+    {"type": "int64", "optional": False, "field": "id"},
+    {"type": "string", "optional": True, "field": "name"},
+    {"type": "double", "optional": True, "field": "score"},
+    {"type": "boolean", "optional": True, "field": "active"},
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
+     "parameters": {"scale": "2", "connect.decimal.precision": "12"}, "field": "amount"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "version": 1,
+     "field": "updated_at"},
+    {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "born_on"},
+]
+_KEY_SCHEMA = {"type": "struct", "optional": False, "name": "Key",
+               "fields": [{"type": "int64", "optional": False, "field": "id"}]}
+
+
+def table_name(index: int) -> str:
+    return f"t{index:04d}"
+
+
+def _value_schema(table: str) -> dict[str, Any]:
+    row = {"type": "struct", "optional": True, "name": f"{PREFIX}.{SCHEMA}.{table}.Value", "fields": _ROW_FIELDS}
+    source = {"type": "struct", "optional": False, "name": "io.debezium.connector.postgresql.Source", "fields": [
+        {"type": "string", "optional": False, "field": "version"},
+        {"type": "string", "optional": False, "field": "connector"},
+        {"type": "string", "optional": False, "field": "name"},
+        {"type": "int64", "optional": False, "field": "ts_ms"},
+        {"type": "string", "optional": True, "field": "snapshot"},
+        {"type": "string", "optional": False, "field": "db"},
+        {"type": "string", "optional": False, "field": "schema"},
+        {"type": "string", "optional": False, "field": "table"},
+        {"type": "int64", "optional": True, "field": "txId"},
+        {"type": "int64", "optional": True, "field": "lsn"},
+        {"type": "int64", "optional": True, "field": "xmin"}]}
+    return {"type": "struct", "optional": False, "name": f"{PREFIX}.{SCHEMA}.{table}.Envelope", "fields": [
+        {**row, "field": "before"}, {**row, "field": "after"}, {**source, "field": "source"},
+        {"type": "string", "optional": False, "field": "op"},
+        {"type": "int64", "optional": True, "field": "ts_ms"}]}
+
+
+def _decimal_bytes(value: decimal.Decimal) -> str:
+    """A Connect Decimal (scale 2) as the JSON converter writes it: the unscaled value's two's complement, base64."""
+    unscaled = int(value.scaleb(2))
+    length = max(1, (unscaled.bit_length() + 8) // 8)
+    return base64.b64encode(unscaled.to_bytes(length, "big", signed=True)).decode()
+
+
+def generate(index: int, events: int, lsn_base: int, rng: random.Random
+             ) -> tuple[list[tuple[bytes, bytes | None]], dict[int, tuple]]:
+    """One table's records (a fifth snapshot reads, then ~60% updates, ~25% creates, ~15% deletes each
+    followed by a tombstone) and its reference fold: key -> (name, score, active, amount, updated_at, born_on)."""
+    table = table_name(index)
+    schema = _value_schema(table)
+    state: dict[int, tuple] = {}
+    records: list[tuple[bytes, bytes | None]] = []
+    base_ts = 1_795_000_000_000 + index
+    next_key = 0
+    snapshot = events // 5
+    for i in range(events):
+        draw = rng.random()
+        if i < snapshot:
+            op, key = "r", next_key
+            next_key += 1
+        elif draw < 0.25 or not state:
+            op, key = "c", next_key
+            next_key += 1
+        elif draw < 0.85:
+            op, key = "u", rng.choice(list(state))
+        else:
+            op, key = "d", rng.choice(list(state))
+        amount = decimal.Decimal(rng.randrange(-10_000_000, 10_000_000)) / 100
+        micros = (base_ts + i) * 1000
+        days = 7000 + rng.randrange(12000)
+        row = None if op == "d" else {"id": key, "name": f"name-{key}-{i}", "score": rng.random() * 100,
+                                      "active": rng.random() < 0.5, "amount": _decimal_bytes(amount),
+                                      "updated_at": micros, "born_on": days}
+        before = {"id": key, "name": None, "score": None, "active": None, "amount": None, "updated_at": None,
+                  "born_on": None} if op == "d" else None
+        source = {"version": "2.7.0.Final", "connector": "postgresql", "name": PREFIX, "ts_ms": base_ts + i,
+                  "snapshot": "true" if op == "r" else "false", "db": "bench", "schema": SCHEMA, "table": table,
+                  "txId": 1000 + i, "lsn": lsn_base + 64 * i, "xmin": None}
+        value = {"schema": schema, "payload": {"before": before, "after": row, "source": source, "op": op,
+                                               "ts_ms": base_ts + i + 5}}
+        key_bytes = json.dumps({"schema": _KEY_SCHEMA, "payload": {"id": key}}).encode()
+        records.append((key_bytes, json.dumps(value).encode()))
+        if op == "d":
+            records.append((key_bytes, None))
+            state.pop(key, None)
+        else:
+            state[key] = (row["name"], row["score"], row["active"], amount,  # type: ignore[index]
+                          dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=micros),
+                          dt.date(1970, 1, 1) + dt.timedelta(days=days))
+    return records, state
+
+
+def checksum(rows: dict[int, tuple]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(rows):
+        name, score, active, amount, updated_at, born_on = rows[key]
+        digest.update(f"{key}|{name}|{score!r}|{active}|{decimal.Decimal(amount):.2f}|{updated_at}|{born_on}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def produce(bootstrap: str, tables: int, events: int, partitions: int) -> tuple[dict[str, tuple[int, str]], int]:
+    """Every table's topic and records; the oracle per table (rows, checksum) and the events produced."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topics = [f"{PREFIX}.{SCHEMA}.{table_name(i)}" for i in range(tables)]
+    for future in admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=1)
+                                       for t in topics]).values():
+        future.result()
+    producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": bootstrap, "linger.ms": 20})
+    rng = random.Random(26)
+    oracle: dict[str, tuple[int, str]] = {}
+    produced = 0
+    for index, topic in enumerate(topics):
+        records, state = generate(index, events, 100_000_000 + index * 1_000_000, rng)
+        produced += sum(1 for _, value in records if value is not None)
+        for key, value in records:
+            while True:
+                try:
+                    producer.produce(topic, key=key, value=value)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+        producer.poll(0)
+        oracle[table_name(index)] = (len(state), checksum(state))
+    producer.flush(120)
+    return oracle, produced
+
+
+def write_config(work: Path, bootstrap: str, tables: int, root: Path, writer: str) -> Path:
+    listed = "\n".join(f"      - name: {SCHEMA}.{table_name(i)}" for i in range(tables))
+    path = work / f"pipeline-{root.name}.yaml"
+    path.write_text(CONFIG.format(bootstrap=bootstrap, root=root, writer=writer, prefix=PREFIX, tables=listed))
+    return path
+
+
+def child(config_path: Path, profile: bool) -> None:
+    """One ``cdc_merge_job`` run in this (fresh) process; prints one ``RESULT {json}`` line."""
+    os.environ["CDC_ASSETS_CONFIG"] = str(config_path)
+    from dagster import DagsterInstance
+
+    from cdc_assets.config import load_config
+    from cdc_assets.definitions import build_definitions
+
+    with PeakRss(exclude_pid=-1) as rss:
+        config = load_config(config_path)
+        job = build_definitions(config).resolve_job_def("cdc_merge_job")
+        instance = DagsterInstance.ephemeral()  # a run worker has its instance (and code location) before its run
+        profiler = cProfile.Profile() if profile else None
+        started = time.perf_counter()
+        if profiler:
+            profiler.enable()
+        result = job.execute_in_process(instance=instance, raise_on_error=False)
+        if profiler:
+            profiler.disable()
+        wall = time.perf_counter() - started
+    if not result.success:
+        failures = [str(e.event_specific_data) for e in result.all_events if e.is_failure][:3]
+        raise SystemExit("cdc_merge_job failed: " + "\n".join(failures))
+    stages: dict[str, float] = {}
+    per_table: list[float] = []
+    events = 0
+    for event in result.get_asset_materialization_events():
+        metadata = event.event_specific_data.materialization.metadata  # type: ignore[union-attr]
+        table_stages = dict(metadata["stage_seconds"].value)  # type: ignore[arg-type]
+        per_table.append(table_stages.pop("total_s"))
+        for stage, seconds in table_stages.items():
+            stages[stage] = stages.get(stage, 0.0) + seconds
+        events += int(metadata["events_read"].value)  # type: ignore[arg-type]
+    checks = len(list(result.get_asset_check_evaluations()))
+    top = ""
+    if profiler:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(45)
+        top = out.getvalue()
+    servers = {state["pid"] for _, state in running_servers()}
+    me = psutil.Process()
+    tree = [me, *(p for p in me.children(recursive=True)
+                  if p.pid not in servers and not servers & {a.pid for a in p.parents()})]
+    print("RESULT " + json.dumps({
+        "wall_s": wall, "tables": len(per_table), "table_seconds": per_table, "stages": stages,
+        "checks": checks, "events": events, "peak_rss": rss.peak, "profile": top,
+        "run_cpu": sum(sum(p.cpu_times()[:2]) for p in tree)}), flush=True)
+    os._exit(0)
+
+
+def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label: str) -> dict:
+    broker_pid = broker.pid
+    assert broker_pid is not None
+    wait_until_idle(broker_pid)
+    servers = [state["pid"] for _, state in running_servers()]
+    cpu = {"broker": _cpu(broker_pid), "server": sum(_cpu(pid) for pid in servers)}
+    with contextlib.ExitStack() as stack:
+        server_rss = [stack.enter_context(PeakRss(exclude_pid=-1, pid=pid)) for pid in servers]
+        command = [sys.executable, "-m", "benchmarks.many_tables", "--child", str(config_path)]
+        done = subprocess.run(command + (["--profile"] if profile else []), capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent.parent)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{label} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    result = json.loads(lines[-1].removeprefix("RESULT "))
+    servers = servers or [state["pid"] for _, state in running_servers()]
+    result["cpu"] = {"run": result["run_cpu"], "broker": _cpu(broker_pid) - cpu["broker"],
+                     "server": sum(_cpu(pid) for pid in servers) - cpu["server"]}
+    result["server_rss"] = sum(r.peak for r in server_rss)
+    print(f"  {label}: {result['wall_s']:.1f} s for {result['tables']} tables "
+          f"(CPU s: run {result['cpu']['run']:.1f}, server {result['cpu']['server']:.1f}, "
+          f"broker {result['cpu']['broker']:.1f})", flush=True)
+    return result
+
+
+def verify(root: Path, oracle: dict[str, tuple[int, str]]) -> None:
+    """Every table equals its reference fold."""
+    for table, expected in oracle.items():
+        rows = DeltaTable(str(root / PREFIX / SCHEMA / table)).to_pyarrow_table(
+            columns=["id", "name", "score", "active", "amount", "updated_at", "born_on"]).to_pylist()
+        got = {r["id"]: (r["name"], r["score"], r["active"], r["amount"], r["updated_at"], r["born_on"])
+               for r in rows}
+        if (len(got), checksum(got)) != expected:
+            raise SystemExit(f"table {table}: {len(got)} rows, checksum {checksum(got)}; expected {expected}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tables", type=int, default=200)
+    parser.add_argument("--events", type=int, default=500, help="events per table (tombstones not counted)")
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--warm-tables", type=int, default=10, help="tables of the warm-up run that starts the server")
+    parser.add_argument("--writer", default="delta-rs", choices=("delta-rs", "delta-spark"))
+    parser.add_argument("--profile", action="store_true", help="run the measured run under cProfile")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(Path(args.child), args.profile)
+        return
+
+    with tempfile.TemporaryDirectory(prefix="cdc-w2-") as scratch, \
+            ApacheKafkaBroker(Path(scratch) / "broker") as broker:
+        work = Path(scratch)
+        os.environ[SERVER_DIR_ENV_VAR] = str(work / "spark-servers")  # the benchmark's own server
+        started = time.perf_counter()
+        oracle, events = produce(broker.bootstrap_servers, args.tables, args.events, args.partitions)
+        print(f"W2: {args.tables} tables x {args.events} events ({events:,} events, {args.partitions} partitions "
+              f"each), writer {args.writer}; produced in {time.perf_counter() - started:.1f} s", flush=True)
+        try:
+            warm = run_child(write_config(work, broker.bootstrap_servers, min(args.warm_tables, args.tables),
+                                          work / "delta-warm", args.writer), broker, False,
+                             f"warm-up ({min(args.warm_tables, args.tables)} tables, starts the server)")
+            measured = run_child(write_config(work, broker.bootstrap_servers, args.tables, work / "delta",
+                                              args.writer), broker, args.profile, "measured run (warm server)")
+        finally:
+            stop_all()
+        verify(work / "delta", oracle)
+    report(measured, warm, events, args.tables)
+
+
+def report(result: dict, warm: dict, events: int, tables: int) -> None:
+    wall = result["wall_s"]
+    inner = sum(result["table_seconds"])
+    events_cost = events / W1_EVENTS_PER_S
+    print(f"\nall {tables} tables equal their reference folds")
+    print(f"run: {wall:.1f} s, {events / wall:,.0f} events/s, {result['checks']} check evaluations")
+    print(f"per-table overhead: {wall / tables:.3f} s (the run over the tables); "
+          f"{(wall - events_cost) / tables:.3f} s with the events' own cost at {W1_EVENTS_PER_S:,} events/s "
+          f"({events_cost:.1f} s) taken out")
+    seconds = result["table_seconds"]
+    print(f"a table's first poll to last commit: median {statistics.median(seconds):.3f} s, "
+          f"max {max(seconds):.3f} s, sum {inner:.1f} s; Dagster around them (op, events, checks): "
+          f"{wall - inner:.1f} s ({(wall - inner) / tables:.3f} s a table)")
+    print(f"peak RSS: run {result['peak_rss'] / 2**30:.2f} GiB, + server "
+          f"{(result['peak_rss'] + result['server_rss']) / 2**30:.2f} GiB; CPU s: run {result['cpu']['run']:.1f}, "
+          f"server {result['cpu']['server']:.1f}, broker {result['cpu']['broker']:.1f}")
+    print(f"warm-up run ({warm['tables']} tables, cold server): {warm['wall_s']:.1f} s")
+    print("pipeline stages summed over the tables (seconds, per table):")
+    for stage, total in sorted(result["stages"].items(), key=lambda item: -item[1]):
+        print(f"  {stage:<26}{total:8.1f}{total / tables:8.3f}")
+    if result["profile"]:
+        print("cProfile of the run (cumulative):")
+        print(result["profile"])
+
+
+if __name__ == "__main__":
+    main()
