@@ -115,7 +115,8 @@ class TableConfig(_Model):
     name: str
     key_columns: list[str] | None = None
     columns: dict[str, str] | None = Field(
-        default=None, description="column -> Spark SQL type, used when events carry no schema"
+        default=None, description="column -> Spark SQL type, or a Debezium/Connect logical type name "
+                           "(io.debezium.time.MicroTimestamp), used when events carry no schema"
     )
     path: str | None = None
     topic: str | None = None

@@ -226,7 +226,7 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
         .otherwise(F.coalesce(*typed_failures) if typed_failures else F.lit(None).cast("string"))
     )
     source = env["source"]
-    return events.select(
+    decoded = [
         F.col(PARTITION_COLUMN),
         F.col(OFFSET_COLUMN),
         *[column.alias(name) for name, column in columns.items()],
@@ -237,4 +237,15 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
         env["transaction"]["id"].alias(TRANSACTION_COLUMN),
         *([F.array_compact(F.array(*unavailable)).alias(UNAVAILABLE_COLUMN)] if unavailable else []),
         error.alias(ERROR_COLUMN),
-    )
+    ]
+    # The decoded columns leave through a generator (one row per event): a filter on them (``_cdc_error``,
+    # ``_cdc_op``, the transaction id) then stays above the decode. Through a projection, Spark pushes a
+    # filter down by rewriting it in terms of the columns below, spelling out every expression it names
+    # at each use: the error of a wide table names each column's conversion, which names its JSON text
+    # several times, which names the envelope's fields, each a choice between the wrapped and the bare
+    # value, which the exact hand-over parses with ``from_json``. For a table of 30 columns with decimals
+    # the rewritten filter held tens of thousands of JSON parses of the whole envelope: minutes of the
+    # server's optimizer and a full heap for one batch with a bad event. The generator stays in the decode's
+    # generated code (``tests/core/test_envelope.py``); it builds one struct per event, and a query of a few
+    # decoded columns now computes them all (the fold reads them all anyway).
+    return events.select(F.inline(F.array(F.struct(*decoded))))

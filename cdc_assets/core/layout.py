@@ -148,16 +148,35 @@ def infer_row_type(rows: Iterable[Mapping[str, Any]]) -> T.StructType:
     )
 
 
-def parse_column_types(columns: Mapping[str, str]) -> T.StructType:
-    """Configured ``column -> Spark SQL type`` pairs as a struct type."""
-    fields = []
+# A ``columns`` entry may name a Debezium or Connect logical type instead of a Spark type: events
+# without schemas do not say what their numbers encode (a timestamp's unit), and a Spark type cannot.
+LOGICAL_TYPE_PREFIXES = ("io.debezium.", "org.apache.kafka.connect.")
+
+
+def parse_column_types(columns: Mapping[str, str]) -> tuple[T.StructType, dict[str, ColumnType]]:
+    """Configured ``column -> Spark SQL type or logical type name`` pairs: their struct type, and the
+    columns read by a logical type's conversion (e.g. ``io.debezium.time.MicroTimestamp``)."""
+    fields, logical = [], {}
     for name, type_text in columns.items():
+        if type_text.startswith(LOGICAL_TYPE_PREFIXES):
+            if type_text == "org.apache.kafka.connect.data.Decimal":
+                raise LayoutError(f"column '{name}': a Connect Decimal needs its scale: declare decimal(p,s), or "
+                                  "string with decimal.handling.mode=string")
+            try:
+                spec = column_type({"name": type_text, "field": name})
+            except UnknownLogicalType as exc:
+                raise LayoutError(f"column '{name}': {exc}") from exc
+            fields.append(T.StructField(name, spec.data_type))
+            if spec.logical:
+                logical[name] = spec
+            continue
         try:
             data_type = T._parse_datatype_string(type_text)
         except Exception as exc:
-            raise LayoutError(f"column '{name}': '{type_text}' is not a Spark SQL type") from exc
+            raise LayoutError(f"column '{name}': '{type_text}' is neither a Spark SQL type nor a Debezium "
+                              "logical type name") from exc
         fields.append(T.StructField(name, data_type))
-    return T.StructType(fields)
+    return T.StructType(fields), logical
 
 
 def merge_row_types(base: T.StructType, extra: T.StructType) -> T.StructType:
@@ -216,11 +235,12 @@ def derive_layout(
             row_type = merge_row_types(row_type, sample_type)
             logical_types = {**sample_logical, **logical_types}
     if configured_columns:
-        configured = parse_column_types(configured_columns)
+        configured, configured_logical = parse_column_types(configured_columns)
         # A configured type overrides what a decimal's schema implies (e.g. string: exact text of any width).
         overrides = {f.name: spec for f in configured.fields if f.name in logical_types
                      and (spec := declared(logical_types[f.name], f.dataType)) is not None}
-        logical_types = {**logical_types, **overrides}
+        # A configured logical type stands in where the events carry no schema for the column.
+        logical_types = {**configured_logical, **logical_types, **overrides}
         row_type = T.StructType([T.StructField(f.name, overrides[f.name].data_type) if f.name in overrides else f
                                  for f in row_type.fields])
         row_type = merge_row_types(row_type, configured)

@@ -134,7 +134,8 @@ def _add_into_limbs(limbs: Column, factor: int, addend: Column) -> Column:
 
     step = F.aggregate(
         limbs, F.struct(F.array().cast("array<bigint>").alias("out"), addend.cast("bigint").alias("carry")), carried)
-    return F.when(step["carry"] > 0, F.concat(step["out"], F.array(step["carry"]))).otherwise(step["out"])
+    # Bound once: spelt out at each of its three uses, every nesting of this step would triple the expression.
+    return _let(step, lambda s: F.when(s["carry"] > 0, F.concat(s["out"], F.array(s["carry"]))).otherwise(s["out"]))
 
 
 def _unscaled_digits_any_length(raw: Column) -> Column:
@@ -149,7 +150,8 @@ def _unscaled_digits_any_length(raw: Column) -> Column:
                          lambda i: F.conv(F.substring(padded, i * _CHUNK_HEX + 1, _CHUNK_HEX), 16, 10).cast("bigint"))
     limbs = F.aggregate(values, F.array(F.lit(0).cast("bigint")),
                         lambda acc, chunk: _add_into_limbs(acc, 16**_CHUNK_HEX, chunk))
-    limbs = F.when(negative, _add_into_limbs(limbs, 1, F.lit(1))).otherwise(limbs)
+    limbs = _let(limbs, lambda magnitude: F.when(negative, _add_into_limbs(magnitude, 1, F.lit(1)))
+                 .otherwise(magnitude))
     text = F.array_join(F.transform(F.reverse(limbs), lambda limb: F.lpad(limb.cast("string"), 9, "0")), "")
     digits = F.regexp_replace(text, r"^0+(?=\d)", "")
     return F.when(F.length(hexed) > 0, F.concat(F.when(negative, F.lit("-")).otherwise(F.lit("")), digits))
@@ -200,11 +202,15 @@ def _fixed_decimal(text: Column, spec: ColumnType) -> Column:
 
 def _variable_scale_decimal(text: Column, spec: ColumnType) -> Column:
     """A VariableScaleDecimal (``{"scale": s, "value": base64}``) as its column's type, exactly or null."""
-    parsed = F.from_json(text, "scale int, value string")
-    raw = F.unbase64(parsed["value"])
-    if isinstance(spec.data_type, T.DecimalType):
-        return _as_decimal(_unscaled_digits(raw), parsed["scale"], spec.data_type)
-    return _plain_decimal_text(_unscaled_digits_any_length(raw), parsed["scale"])
+    def converted(parsed: Column) -> Column:
+        raw = F.unbase64(parsed["value"])
+        if isinstance(spec.data_type, T.DecimalType):
+            return _as_decimal(_unscaled_digits(raw), parsed["scale"], spec.data_type)
+        return _plain_decimal_text(_unscaled_digits_any_length(raw), parsed["scale"])
+
+    # Parsed once: the conversion names the value's bytes about 30 times, and spelt out at each use every
+    # one was a JSON parse (from_json has no generated code, so nothing shares them).
+    return _let(F.from_json(text, "scale int, value string"), converted)
 
 
 def _time_of_day(micros: Column) -> Column:
@@ -332,4 +338,14 @@ def convert(text: Column, spec: ColumnType) -> Column:
     converter = _CONVERTERS.get(spec.logical or "")
     if converter is None and isinstance(spec.data_type, T.BinaryType):
         converter = _CONVERTERS["bytes"]
+    if converter is None and isinstance(spec.data_type, T.DateType):
+        return _date(text)
     return converter(text, spec) if converter else text.try_cast(spec.data_type)
+
+
+def _date(text: Column) -> Column:
+    """A date column without a schema (the ``columns`` config): a whole number is Debezium's encoding,
+    days since the epoch (a cast would read ``19782`` as the year 19782); other text is cast (ISO dates)."""
+    days = F.when(text.rlike(r"^-?[0-9]+$"), text.try_cast("int"))
+    return F.when(days.isNotNull(), F.date_add(F.lit("1970-01-01").cast("date"), days)).otherwise(
+        F.when(~text.rlike(r"^-?[0-9]+$"), text.try_cast(T.DateType())))

@@ -41,8 +41,10 @@ def connector_properties(name: str, prefix: str, dsn: Mapping[str, str], tables:
         "database.dbname": dsn["dbname"],
         "topic.prefix": prefix,
         "plugin.name": "pgoutput",
-        "slot.name": f"slot_{name}",
-        "publication.name": f"pub_{name}",
+        # Slots belong to the server, not the database: named by the topic prefix, so that every test's
+        # connectors on the session's PostgreSQL have their own.
+        "slot.name": f"slot_{prefix}",
+        "publication.name": f"pub_{prefix}",
         "publication.autocreate.mode": "filtered",
         "table.include.list": ",".join(tables),
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
@@ -158,9 +160,15 @@ def run_job(config_text: str, job: str = "cdc_merge_job", run_config: Mapping[st
 
 
 def failures(result: ExecuteInProcessResult) -> list[str]:
-    """The failed steps of a run with their errors."""
-    return [f"{event.step_key}: {event.event_specific_data.error.message.strip()}"
-            for event in result.get_step_failure_events()]
+    """The failed steps of a run with their errors (each with its causes: Dagster wraps the op's own error)."""
+    found = []
+    for event in result.get_step_failure_events():
+        error, messages = event.event_specific_data.error, []
+        while error is not None:
+            messages.append(error.message.strip())
+            error = error.cause
+        found.append(f"{event.step_key}: " + " <- ".join(messages))
+    return found
 
 
 def delta_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -330,3 +338,10 @@ def interval_micros(parts: list[Decimal]) -> int:
     days_total = (int(years) * 12 + int(months)) * (365.25 / 12.0) + int(days)
     seconds_total = (((days_total * 24 + int(hours)) * 60) + int(minutes)) * 60 + float(seconds)
     return int(seconds_total * 1e6)
+
+
+def drop_replication_slots(dsn: str) -> None:
+    """Drop the (inactive) replication slots of ``dsn``'s database: a slot left behind keeps its WAL."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                           "WHERE database = current_database() AND NOT active")

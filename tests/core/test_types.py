@@ -190,3 +190,31 @@ def test_decimal_handling_modes_string_and_double_keep_what_debezium_sends(hand_
     assert row["_cdc_error"] is None
     assert (row["s"], row["s_nan"], row["s_inf"]) == ("-81657634825.91843167", "NAN", "POSITIVE_INFINITY")
     assert (row["d"], row["d_inf"]) == (-81657634825.91843, float("inf"))
+
+
+def test_a_wide_table_s_bad_events_are_listed_without_rewriting_the_decode_into_every_filter(hand_over):
+    # A filter on decoded events (the bad-events pass, the transaction cut, scd2's keys) was pushed
+    # down through the decode, spelling out the error's every column conversion, each naming its JSON
+    # text and the envelope's fields, each a from_json of the whole envelope in the exact hand-over:
+    # a 30-column table's bad-events pass held tens of thousands of JSON parses and ran for minutes.
+    from pyspark.sql import functions as F
+
+    from cdc_assets.core.envelope import ERROR_COLUMN
+    from cdc_assets.core.fold import bad_events
+
+    fields = [variable_scale_field(f"v{i}") for i in range(8)] + [decimal_field(f"d{i}", 8, 20) for i in range(8)]
+    values = {**{f"v{i}": {"scale": 0, "value": unscaled_bytes(i)} for i in range(8)},
+              **{f"d{i}": unscaled_bytes(i) for i in range(8)}}
+    values["v7"] = {"scale": 0, "value": unscaled_bytes(10**30)}  # beyond decimal(38,18): a bad event
+    value = wrapped([{"type": "int32", "field": "id"}, *fields], {"id": 1, **values})
+    layout = derive_layout("postgresql", [b'{"id": 1}'], [value])
+    events = decode_change_events(hand_over([(b'{"id": 1}', value)], layout), layout)
+    def parses(frame):
+        plan = frame._explain_string(extended=True)
+        return plan.split("== Optimized Logical Plan ==")[1].split("== Physical Plan ==")[0].count("from_json(")
+
+    # The filter adds no parse to the decode's own, and the decode parses each variable-scale value a few
+    # times at most (its conversion names the value's bytes about 30 times).
+    assert parses(events.where(F.col(ERROR_COLUMN).isNotNull())) == parses(events) <= 8 * 4 + 4
+    [bad] = bad_events(events)
+    assert bad.reason.startswith("column 'v7' value does not fit type decimal(38,18) exactly")
