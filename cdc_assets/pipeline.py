@@ -41,6 +41,7 @@ from cdc_assets.core.layout import (
     LayoutError,
 )
 from cdc_assets.core.transactions import cut_batch, transaction_key
+from cdc_assets.core.types import placeholder_needles
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
 from cdc_assets.io.kafka_source import KafkaSource, RawBatch
@@ -155,6 +156,20 @@ def _fold(writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout, 
         return writer.current_rows(table.target, keys, columns)
 
     return table.mode.rows(decoded, layout, stored)
+
+
+def _may_hold_placeholder(layout: ChangeEventLayout, values: pa.ChunkedArray) -> bool:
+    """Whether a value of the batch may carry the connector's unavailable-value placeholder: some raw
+    value contains one of its forms (``core.types.placeholder_needles``). A search of the raw bytes
+    costs far less than testing every column of every event in Spark and folding what it finds."""
+    if not layout.unavailable_tests:
+        return False
+    assert layout.placeholder is not None
+    needles = placeholder_needles(layout.placeholder)
+    if needles is None:
+        return True
+    buffers = [bytes(chunk.buffers()[2] or b"") for chunk in values.chunks]
+    return any(needle in data for data in buffers for needle in needles)
 
 
 def _before(cut: dict[int, int], partition: Column, offset: Column) -> Column:
@@ -366,6 +381,8 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
 
     samples = (_sample(events["key"]), _sample(events["value"]))
     layout = _derive_layout(table, raw, samples, existing, progress.key_columns if progress else ())
+    # Decoded and folded without the placeholder's tests when no value of the batch can hold it.
+    read_as = layout if _may_hold_placeholder(layout, events["value"]) else replace(layout, placeholder=None)
     commit = replace(commit, key_columns=layout.key_columns)
     # The local hand-over first reads a batch without its fallback for unreadable lines (less Spark CPU
     # a batch); a batch with any bad event is read again, exactly, so that bad events get the exact
@@ -373,10 +390,10 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
     exact = table.transaction_log is not None or not is_local(spark)
     with contextlib.ExitStack() as scratch:
         mark = time.perf_counter()
-        frame = scratch.enter_context(spark_records(spark, events, value_type(layout), exact))
+        frame = scratch.enter_context(spark_records(spark, events, value_type(read_as), exact))
         timings["to_spark_s"] = time.perf_counter() - mark
         mark = time.perf_counter()
-        decoded = decode_change_events(frame, layout)
+        decoded = decode_change_events(frame, read_as)
         transactions: dict[str, object] | None = None
         if table.transaction_log is not None:
             cut_offsets, transactions = _whole_transactions(source, table, raw, progress, decoded, limits)
@@ -389,10 +406,10 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
                 raw = replace(raw, end_offsets=cut_offsets)
             commit = replace(commit, version=sum(cut_offsets.values()), offsets=cut_offsets,
                              transactions=transactions)
-        rows, summary = _fold(writer, table, layout, decoded)
+        rows, summary = _fold(writer, table, read_as, decoded)
         if summary.bad_events and not exact:
-            frame = scratch.enter_context(spark_records(spark, events, value_type(layout), exact=True))
-            rows, summary = _fold(writer, table, layout, decode_change_events(frame, layout))
+            frame = scratch.enter_context(spark_records(spark, events, value_type(read_as), exact=True))
+            rows, summary = _fold(writer, table, read_as, decode_change_events(frame, read_as))
         timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
     return _Prepared(raw.without_records(), tombstones, timings, commit, events if summary.bad_events else None,
                      samples, layout, existing, rows, summary, transactions)

@@ -326,6 +326,19 @@ def unavailable_test(data_type: T.DataType, placeholder: str) -> Callable[[Colum
     return None
 
 
+def placeholder_needles(placeholder: str) -> list[bytes] | None:
+    """Byte strings of which the JSON text of every value ``unavailable_test`` recognises contains one,
+    so that a batch whose raw values hold none of them carries no placeholder and needs no test. None:
+    the placeholder has characters JSON may escape, and a search of the raw text cannot rule it out."""
+    if not placeholder.isascii() or any(char in placeholder for char in '"\\') or \
+            any(ord(char) < 0x20 for char in placeholder):
+        return None
+    raw = placeholder.encode()
+    uuid = str(UUID(bytes=hashlib.md5(raw).digest(), version=3))
+    return [raw, base64.b64encode(raw), base64.urlsafe_b64encode(raw), raw.hex().encode(), uuid.encode(),
+            ",".join(str(b) for b in raw).encode(), ", ".join(str(b) for b in raw).encode()]
+
+
 def is_nested(data_type: T.DataType) -> bool:
     """Struct, array and map columns are parsed by ``from_json`` as themselves."""
     return isinstance(data_type, (T.StructType, T.ArrayType, T.MapType))

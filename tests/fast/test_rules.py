@@ -89,3 +89,30 @@ def test_the_translator_names_every_table_the_same_way():
     assert translator.get_tags(table) == {"tier": "gold", "cdc_assets/status": "retired"}
     assert translator.get_owners(table) == ["team:data"]
     assert "keys: from the record key" in translator.get_description(table)
+
+
+@pytest.mark.parametrize("placeholder", ["__debezium_unavailable_value", "un changed/toast"])
+def test_every_form_of_the_placeholder_contains_a_needle_and_other_values_none(placeholder):
+    """A batch is read without the placeholder's tests only when its raw values hold no needle: every
+    form the connector writes (as the JSON converter writes it) must hold one."""
+    import base64
+    import hashlib
+    from uuid import UUID
+
+    from cdc_assets.core.types import placeholder_needles
+
+    raw = placeholder.encode()
+    b64 = base64.b64encode(raw).decode()
+    uuid = str(UUID(bytes=hashlib.md5(raw).digest(), version=3))
+    forms = [placeholder, b64, raw.hex(), json.dumps({placeholder: placeholder}), [placeholder], [uuid], [b64],
+             list(raw), {placeholder: placeholder}]
+    needles = placeholder_needles(placeholder)
+    assert needles is not None
+    for form in forms:
+        for text in (json.dumps({"after": {"c": form}}, ensure_ascii=False),
+                     json.dumps({"after": {"c": form}}, ensure_ascii=False, separators=(",", ":"))):
+            assert any(needle in text.encode() for needle in needles), text
+    plain = json.dumps({"after": {"c": "a value", "n": [1, 2, 3], "b": base64.b64encode(b"bytes").decode()}})
+    assert not any(needle in plain.encode() for needle in needles)
+    assert placeholder_needles('un"changed') is None and placeholder_needles("a\\b") is None
+    assert placeholder_needles("ünchanged") is None
