@@ -48,7 +48,7 @@ from deltalake import DeltaTable
 
 from benchmarks.measure import PeakRss
 from benchmarks.merge_throughput import _cpu, wait_until_idle
-from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker
+from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
 
 PREFIX = "w2"
@@ -191,12 +191,7 @@ def produce(bootstrap: str, tables: int, events: int, partitions: int) -> tuple[
         records, state = generate(index, events, 100_000_000 + index * 1_000_000, rng)
         produced += sum(1 for _, value in records if value is not None)
         for key, value in records:
-            while True:
-                try:
-                    producer.produce(topic, key=key, value=value)
-                    break
-                except BufferError:
-                    producer.poll(0.1)
+            produce_waiting(producer, topic, key, value)
         producer.poll(0)
         oracle[table_name(index)] = (len(state), checksum(state))
     producer.flush(120)

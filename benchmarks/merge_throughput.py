@@ -54,7 +54,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from benchmarks.measure import PeakRss
-from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker
+from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.io.spark import DELTA_CATALOG, DELTA_EXTENSION, delta_jars, spark_config
 from cdc_assets.io.spark_server import (
     SERVER_DIR_ENV_VAR,
@@ -112,12 +112,7 @@ def produce(bootstrap: str, records: list[tuple[bytes, bytes | None]], partition
     producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": bootstrap, "linger.ms": 50,
                          "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
     for i, (key, value) in enumerate(records):
-        while True:
-            try:
-                producer.produce(TOPIC, key=key, value=value)
-                break
-            except BufferError:
-                producer.poll(0.1)
+        produce_waiting(producer, TOPIC, key, value)
         if i % 50_000 == 0:
             producer.poll(0)
     producer.flush(120)

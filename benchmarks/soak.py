@@ -37,7 +37,7 @@ from benchmarks.measure import PeakRss
 from cdc_assets.catalog import resolve_tables
 from cdc_assets.config import load_config
 from cdc_assets.definitions import build_definitions
-from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker
+from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.delta import DeltaRsWriter
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
@@ -71,12 +71,7 @@ class RateProducer(threading.Thread):
                     if error is None:
                         self.produced_at[(message.partition(), message.offset())] = at  # type: ignore[attr-defined]
 
-                while True:
-                    try:
-                        self._producer.produce(TOPIC, key=encode_key({"id": key}), value=value, on_delivery=delivered)
-                        break
-                    except BufferError:
-                        self._producer.poll(0.05)
+                produce_waiting(self._producer, TOPIC, encode_key({"id": key}), value, 0.05, on_delivery=delivered)
                 self.count += 1
             self._producer.poll(0)
             time.sleep(tick)

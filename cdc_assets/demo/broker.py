@@ -19,7 +19,9 @@ import time
 import uuid
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 KAFKA_LIBS = Path(sys.prefix) / "share" / "cdc-assets" / "kafka"
@@ -49,6 +51,17 @@ _SETTINGS = {
 # produced in even when a write is retried (a new topic's partitions refuse writes for a moment, until
 # the broker has taken their lead), as with Kafka Connect's producers, which Debezium runs on.
 PRODUCER_SETTINGS = {"enable.idempotence": True}
+
+
+def produce_waiting(producer: Producer, topic: str, key: bytes | None, value: bytes | None,
+                    wait_s: float = 0.1, **options: Any) -> None:
+    """``producer.produce``, waiting for room while the producer's queue is full (bulk loads)."""
+    while True:
+        try:
+            producer.produce(topic, key=key, value=value, **options)
+            return
+        except BufferError:
+            producer.poll(wait_s)
 # Kafka logs through log4j 2; only warnings and errors go to the broker's log file.
 _LOG4J2 = """\
 status = error
