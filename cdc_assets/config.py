@@ -96,6 +96,8 @@ class DeltaConfig(_Model):
     root: str
     writer: WriterName = "auto"
     storage_options: dict[str, str] = Field(default_factory=dict)
+    deletion_vectors: bool = Field(default=False, description="delta-spark writer: create tables with deletion "
+                                                              "vectors (readers must support them; delta-rs does not)")
 
 
 class BatchLimits(_Model):
@@ -250,6 +252,13 @@ class FreshnessScheduleConfig(MergeScheduleConfig):
     running: bool = True
 
 
+class CompactionConfig(MergeScheduleConfig):
+    """``cdc_compaction_job``'s schedule and threshold: tables with at least ``min_files`` data files are compacted."""
+
+    cron: str = "0 3 * * *"
+    min_files: int = Field(default=32, gt=0)
+
+
 class PipelineConfig(_Model):
     """The whole pipeline: Kafka, Spark, Delta, batch limits, connectors and the merge schedule."""
 
@@ -259,6 +268,7 @@ class PipelineConfig(_Model):
     batch: BatchLimits = Field(default_factory=BatchLimits)
     merge_schedule: MergeScheduleConfig | None = None
     freshness_schedule: FreshnessScheduleConfig = Field(default_factory=FreshnessScheduleConfig)
+    compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     max_capture_lag_s: float = Field(default=3600.0, gt=0, description="default bound of the capture-lag check")
     connectors: list[ConnectorConfig]
 

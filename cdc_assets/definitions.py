@@ -16,6 +16,8 @@ from cdc_assets.resources import build_resources, kafka_client_settings, registr
 from cdc_assets.translator import CdcTranslator, dagster_name
 from jobs import (
     apply_schema_change_job,
+    build_compaction_job,
+    build_compaction_schedule,
     build_freshness_job,
     build_freshness_schedule,
     build_merge_schedules,
@@ -54,6 +56,7 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
                make_events_waiting_sensor(live, kafka_client_settings(config.kafka), translator=translator)]
     freshness_job = build_freshness_job([AssetCheckKey(translator.get_asset_key(table), FRESHNESS_CHECK)
                                          for table in live])
+    compaction_job = build_compaction_job(config, tables)
     transactional: dict[str, dict[str, DeltaTarget]] = {}
     for table in tables:
         if table.transaction_log is not None and not table.retired:
@@ -79,9 +82,9 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
         asset_checks=[build_freshness_checks(f"{dagster_name(connector)}_freshness", members, translator)
                       for connector, members in by_connector.items()],
         jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job, resume_snapshot_job,
-              apply_schema_change_job, freshness_job],
+              apply_schema_change_job, freshness_job, compaction_job],
         schedules=[*build_merge_schedules(config), *build_snapshot_schedules(config),
-                   build_freshness_schedule(config, freshness_job)],
+                   build_freshness_schedule(config, freshness_job), build_compaction_schedule(config, compaction_job)],
         sensors=sensors,
         resources=build_resources(config),
         # One process and one Spark session for all tables of a run: a JVM start costs seconds.

@@ -121,14 +121,15 @@ class DeltaResource(ConfigurableResource):
     writer: str = "auto"
     registry_path: str = ""
     storage_options: dict[str, str] = {}
+    deletion_vectors: bool = False
 
     def writer_for(self, spark: SparkSession) -> DeltaWriter:
         """The writer for this Spark session (``auto``: delta-spark if the session has Delta)."""
-        return select_writer(self.writer, spark)
+        return select_writer(self.writer, spark, self.deletion_vectors)
 
     def writer_for_schema_changes(self, spark: SparkResource) -> DeltaWriter:
-        """The writer for schema changes; starts Spark only when the writer may need it."""
-        return DeltaRsWriter() if self.writer == "delta-rs" else select_writer(self.writer, spark.spark_session)
+        """The writer for schema changes (and compaction); starts Spark only when the writer may need it."""
+        return DeltaRsWriter() if self.writer == "delta-rs" else self.writer_for(spark.spark_session)
 
 
 class ConnectorSignals(Config):
@@ -195,7 +196,8 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
             retry_backoff_s=kafka.retry_backoff_s,
         ),
         "delta": DeltaResource(writer=config.delta.writer, registry_path=registry_path(config),
-                               storage_options=dict(config.delta.storage_options)),
+                               storage_options=dict(config.delta.storage_options),
+                               deletion_vectors=config.delta.deletion_vectors),
         "signals": SignalsResource(
             connectors={
                 connector.name: ConnectorSignals(

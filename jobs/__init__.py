@@ -1,5 +1,6 @@
-"""Jobs of the code location: the micro-batch merge and the snapshot signals."""
+"""Jobs of the code location: the micro-batch merge, the snapshot signals and compaction."""
 
+from jobs.compaction import build_compaction_job, build_compaction_schedule
 from jobs.freshness import build_freshness_job, build_freshness_schedule
 from jobs.merge import build_merge_schedules, cdc_merge_job
 from jobs.schema_changes import apply_schema_change_job
@@ -14,6 +15,8 @@ from jobs.snapshots import (
 
 __all__ = [
     "apply_schema_change_job",
+    "build_compaction_job",
+    "build_compaction_schedule",
     "build_freshness_job",
     "build_freshness_schedule",
     "build_merge_schedules",

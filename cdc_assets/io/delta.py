@@ -103,6 +103,17 @@ class MergeOutcome:
 
 
 @dataclass(frozen=True)
+class CompactionOutcome:
+    """What a compaction did: data files before it, files removed and added, and the table version after."""
+
+    files_before: int
+    files_removed: int = 0
+    files_added: int = 0
+    delta_version: int = -1
+    compacted: bool = False  # False: below the threshold, nothing committed
+
+
+@dataclass(frozen=True)
 class KeyReport:
     """What the key checks look at."""
 
@@ -146,6 +157,11 @@ class DeltaWriter(Protocol):
 
     def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
         """Rows, duplicated keys and null keys of the table (for scd2, of its current versions)."""
+        ...
+
+    def compact(self, target: DeltaTarget, min_files: int) -> CompactionOutcome | None:
+        """Bin-pack the table's small files into larger ones (OPTIMIZE) if it has at least ``min_files`` data
+        files; None if no table. The commit records no offsets, so ``read_progress`` looks past it."""
         ...
 
 
@@ -343,6 +359,18 @@ class DeltaRsWriter:
         duplicates = pc.sum(pc.greater(counts["count_all"], 1)).as_py() or 0
         return KeyReport(keys.num_rows, int(duplicates), nulls)
 
+    def compact(self, target: DeltaTarget, min_files: int) -> CompactionOutcome | None:
+        table = self._table(target)
+        if table is None:
+            return None
+        files = len(table.file_uris())
+        if files < min_files:
+            return CompactionOutcome(files, delta_version=table.version())
+        metrics = table.optimize.compact()
+        table.update_incremental()
+        return CompactionOutcome(files, int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0)),
+                                 table.version(), compacted=True)
+
     @staticmethod
     def _already_applied(table: DeltaTable, commit: CommitRequest) -> bool:
         return commit.applied_by(table.transaction_version(commit.app_id))
@@ -354,12 +382,13 @@ class DeltaSparkWriter:
 
     name = "delta-spark"
 
-    def __init__(self, spark: SparkSession):
+    def __init__(self, spark: SparkSession, deletion_vectors: bool = False):
         if not has_delta(spark):
             raise DeltaWriterError(
                 "the delta-spark writer needs a Spark session with Delta (set CDC_DELTA_SPARK_JARS to the Delta "
                 "jars, or run on a cluster that has Delta); use writer 'delta-rs' or 'auto' otherwise")
         self._spark = spark
+        self._deletion_vectors = deletion_vectors
 
     def _table_ref(self, target: DeltaTarget) -> str:
         return f"delta.{quote_spark(target.path)}"
@@ -463,6 +492,9 @@ class DeltaSparkWriter:
                             for f in from_arrow_schema(schema).fields)
         if _needs_column_mapping(schema.names):
             properties = {_COLUMN_MAPPING: "name", **properties}
+        if self._deletion_vectors:
+            # A MERGE then marks the changed rows of a file deleted instead of rewriting the file.
+            properties = {DELETION_VECTORS: "true", **properties}
         settings = f" TBLPROPERTIES ({_properties_sql(properties)})" if properties else ""
         self._spark.sql(f"CREATE TABLE IF NOT EXISTS {self._table_ref(target)} ({columns}) USING delta{settings}")
 
@@ -482,6 +514,18 @@ class DeltaSparkWriter:
         total, null_keys = (counts[0], counts[1]) if counts is not None else (0, 0)
         duplicates = rows.groupBy(*keys).count().where("count > 1").count()
         return KeyReport(int(total), int(duplicates), int(null_keys))
+
+    def compact(self, target: DeltaTarget, min_files: int) -> CompactionOutcome | None:
+        if self._history(target, 1) is None:
+            return None
+        detail = self._spark.sql(f"DESCRIBE DETAIL {self._table_ref(target)}").first()
+        files = int(detail["numFiles"]) if detail is not None else 0
+        if files < min_files:
+            return CompactionOutcome(files, delta_version=self._latest_version(target))
+        result = self._spark.sql(f"OPTIMIZE {self._table_ref(target)}").first()
+        metrics = result["metrics"].asDict() if result is not None and result["metrics"] is not None else {}
+        return CompactionOutcome(files, int(metrics.get("numFilesRemoved") or 0),
+                                 int(metrics.get("numFilesAdded") or 0), self._latest_version(target), compacted=True)
 
     def _map_columns_by_name(self, target: DeltaTarget) -> None:
         """Let the table take column names that delta-spark refuses without column mapping."""
@@ -533,6 +577,7 @@ class DeltaSparkWriter:
 # delta-spark refuses these characters in column names unless the table maps columns by name (delta-rs takes them).
 _UNMAPPED_NAME_REFUSES = frozenset(" ,;{}()\n\t=")
 _COLUMN_MAPPING = "delta.columnMapping.mode"
+DELETION_VECTORS = "delta.enableDeletionVectors"
 
 
 def _needs_column_mapping(names: Iterable[str]) -> bool:
@@ -544,14 +589,15 @@ def _properties_sql(properties: Mapping[str, str]) -> str:
     return ", ".join(f"'{k}' = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in properties.items())
 
 
-def select_writer(name: str, spark: SparkSession) -> DeltaWriter:
+def select_writer(name: str, spark: SparkSession, deletion_vectors: bool = False) -> DeltaWriter:
     """The writer for a config value: ``delta-rs``, ``delta-spark`` or ``auto``: delta-spark for a session
     with Delta whose JVM runs elsewhere (a cluster, a remote Spark Connect server), else delta-rs. Local
-    Spark has Delta too (``spark.delta_jars``), yet keeps delta-rs, which merges without a Spark job."""
+    Spark has Delta too (``spark.delta_jars``), yet keeps delta-rs, which merges without a Spark job.
+    ``deletion_vectors``: delta-spark creates tables with deletion vectors (which delta-rs cannot read)."""
     if name == "delta-rs":
         return DeltaRsWriter()
     if name == "delta-spark" or (name == "auto" and has_delta(spark) and not is_local(spark)):
-        return DeltaSparkWriter(spark)
+        return DeltaSparkWriter(spark, deletion_vectors)
     if name == "auto":
         return DeltaRsWriter()
     raise DeltaWriterError(f"unknown Delta writer '{name}' (expected auto, delta-rs or delta-spark)")

@@ -116,3 +116,21 @@ def test_delta_spark_without_delta_in_the_session_is_a_clear_error(monkeypatch):
         assert select_writer("auto", session).name == "delta-rs"
     finally:
         disconnect(session)
+
+
+def test_delta_spark_with_deletion_vectors_marks_rows_instead_of_rewriting_files(spark, tmp_path):
+    writer = select_writer("delta-spark", spark, deletion_vectors=True)
+    target = DeltaTarget(str(tmp_path / "t"))
+    writer.merge(target, batch(spark, *[(k, f"v{k}", "c", f"{k:02d}") for k in range(10)]), ["My Id"],
+                 commit(1, {0: 10}), SCD1)
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{target.path}`").first()
+    assert detail["properties"].get("delta.enableDeletionVectors") == "true"
+    outcome = writer.merge(target, batch(spark, (1, "v1b", "u", "20"), (2, None, "d", "21"), (10, "v10", "c", "22")),
+                           ["My Id"], commit(2, {0: 13}), SCD1)
+    assert (outcome.inserted, outcome.updated, outcome.deleted) == (1, 1, 1)
+    expected = sorted([(k, f"v{k}", f"{k:02d}") for k in range(10) if k not in (1, 2)]
+                      + [(1, "v1b", "20"), (10, "v10", "22")])
+    assert contents(spark, writer, target.path) == expected
+    log = (tmp_path / "t" / "_delta_log" / f"{outcome.delta_version:020d}.json").read_text()
+    assert "deletionVector" in log  # the changed rows were marked, not their file rewritten
+    assert writer.read_progress(target, "cdc_assets:t").offsets == {0: 13}
