@@ -236,6 +236,49 @@ def _equal(want: Any, got: Any) -> bool:
     return type(want) is type(got) and want == got
 
 
+def topic_events(bootstrap_servers: str, topic: str, keys: Iterable[tuple[Any, ...]], key_names: tuple[str, ...]
+                 ) -> dict[tuple[Any, ...], list[str]]:
+    """Every record of ``topic`` whose key is one of ``keys``, as ``partition:offset op lsn sequence snapshot``
+    lines per key, in (partition, offset) order: says whether a difference came with Debezium's events or
+    from the pipeline."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    wanted = set(keys)
+    found: dict[tuple[Any, ...], list[str]] = {k: [] for k in wanted}
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"diagnose-{time.time_ns()}",
+                         "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        remaining = {p for p, end in ends.items() if end > 0}
+        while remaining:
+            message = consumer.poll(10)
+            if message is None:
+                break
+            if message.error() is not None:
+                continue
+            if message.offset() >= ends[message.partition()] - 1:
+                remaining.discard(message.partition())
+            parsed_key = json.loads(message.key()) if message.key() else {}
+            parsed_key = parsed_key.get("payload", parsed_key)
+            record_key = tuple(parsed_key.get(k) for k in key_names)
+            if record_key not in wanted:
+                continue
+            value = json.loads(message.value()) if message.value() else None
+            if value is None:
+                found[record_key].append(f"{message.partition()}:{message.offset()} tombstone")
+                continue
+            value = value.get("payload", value)
+            source = value.get("source", {})
+            found[record_key].append(f"{message.partition()}:{message.offset()} {value.get('op')} "
+                                     f"lsn={source.get('lsn')} seq={source.get('sequence')} "
+                                     f"snapshot={source.get('snapshot')} after={value.get('after')}")
+    finally:
+        consumer.close()
+    return found
+
+
 def summarise(problems: list[str], limit: int = 25) -> str:
     """A readable failure message: per column how many rows differ, then the first differences."""
     per_column: dict[str, int] = {}

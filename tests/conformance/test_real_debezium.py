@@ -9,9 +9,11 @@ each test merges one connector's topics with ``cdc_merge_job`` and compares.
 
 from __future__ import annotations
 
+import ast
 import datetime as dt
 import os
 import random
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -327,7 +329,13 @@ def _assert_equal(world: World, connector: str, table: str, query: str, expected
                   path: Path | None = None) -> None:
     rows = h.current_rows(path or world.path(connector, table), apply_mode)
     problems = h.compare(h.source_rows(world.dsn, query), rows, key, expected, actual)
-    assert not problems, f"{connector}/{table} ({apply_mode}): " + h.summarise(problems)
+    if problems:
+        differing = [ast.literal_eval(m.group(1)) for m in map(re.compile(r"key (\(.*?,\)):").match, problems)
+                     if m][:10]
+        events = h.topic_events(world.bootstrap_servers, f"{world.prefixes[connector]}.public.{table}", differing, key)
+        history = "\n".join(f"  {k}:\n    " + "\n    ".join(lines) for k, lines in events.items())
+        raise AssertionError(f"{connector}/{table} ({apply_mode}): {h.summarise(problems)}\n"
+                             f"the topic's events of the first differing keys:\n{history}")
 
 
 @pytest.mark.parametrize(("connector", "decimal_mode", "time_mode", "binary_mode"), [
@@ -480,3 +488,4 @@ def test_incremental_snapshots_through_both_channels_while_writing(world):
         _assert_equal(world, "sig", table, f"SELECT * FROM {table}", {}, {"n": h.typed(int)})
     with psycopg.connect(world.dsn) as connection:
         assert connection.execute("SELECT count(*) FROM snap_k WHERE v LIKE 'before capture%'").fetchone()[0] > 300
+
