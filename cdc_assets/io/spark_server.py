@@ -72,6 +72,13 @@ def _answers(port: int) -> bool:
 
 def _alive(pid: int) -> bool:
     try:
+        # A supervisor started by this process stays a zombie until reaped, and a zombie still takes
+        # signals: reap it, or stopping waits out its whole deadline.
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child: its parent reaps it
+    try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
