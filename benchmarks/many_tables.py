@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import bisect
 import contextlib
 import cProfile
 import datetime as dt
@@ -120,52 +121,67 @@ def _decimal_bytes(value: decimal.Decimal) -> str:
     return base64.b64encode(unscaled.to_bytes(length, "big", signed=True)).decode()
 
 
-def generate(index: int, events: int, lsn_base: int, rng: random.Random
-             ) -> tuple[list[tuple[bytes, bytes | None]], dict[int, tuple]]:
-    """One table's records (a fifth snapshot reads, then ~60% updates, ~25% creates, ~15% deletes each
-    followed by a tombstone) and its reference fold: key -> (name, score, active, amount, updated_at, born_on)."""
-    table = table_name(index)
-    schema = _value_schema(table)
-    state: dict[int, tuple] = {}
-    records: list[tuple[bytes, bytes | None]] = []
-    base_ts = 1_795_000_000_000 + index
-    next_key = 0
-    snapshot = events // 5
-    for i in range(events):
+class TableEvents:
+    """One table's change events, drawn one at a time, and their reference fold (``state``: key -> (name,
+    score, active, amount, updated_at, born_on)). Of ``events`` draws, the first fifth are snapshot reads;
+    then ~60% updates, ~25% creates, ~15% deletes, each delete followed by a tombstone."""
+
+    def __init__(self, index: int, events: int, lsn_base: int, rng: random.Random):
+        self.table = table_name(index)
+        self.state: dict[int, tuple] = {}
+        self.drawn = 0
+        self._schema = json.dumps(_value_schema(self.table))  # serialized once: most of an event's bytes
+        self._live: list[int] = []  # the state's keys in creation order (ascending), for a draw without a list copy
+        self._rng, self._lsn_base, self._base_ts = rng, lsn_base, 1_795_000_000_000 + index
+        self._snapshot = events // 5
+        self._next_key = 0
+
+    def next(self, ts_ms: int | None = None) -> list[tuple[bytes, bytes | None]]:
+        """The next event's records (the event, and its tombstone after a delete); ``ts_ms``: the event's
+        source time (default: a fixed base plus the event's number)."""
+        rng, i, state = self._rng, self.drawn, self.state
+        self.drawn += 1
         draw = rng.random()
-        if i < snapshot:
-            op, key = "r", next_key
-            next_key += 1
-        elif draw < 0.25 or not state:
-            op, key = "c", next_key
-            next_key += 1
-        elif draw < 0.85:
-            op, key = "u", rng.choice(list(state))
+        if i < self._snapshot or draw < 0.25 or not state:
+            op, key = ("r" if i < self._snapshot else "c"), self._next_key
+            self._next_key += 1
         else:
-            op, key = "d", rng.choice(list(state))
+            op, key = ("u" if draw < 0.85 else "d"), rng.choice(self._live)
         amount = decimal.Decimal(rng.randrange(-10_000_000, 10_000_000)) / 100
-        micros = (base_ts + i) * 1000
+        ts = self._base_ts + i if ts_ms is None else ts_ms
+        micros = ts * 1000
         days = 7000 + rng.randrange(12000)
         row = None if op == "d" else {"id": key, "name": f"name-{key}-{i}", "score": rng.random() * 100,
                                       "active": rng.random() < 0.5, "amount": _decimal_bytes(amount),
                                       "updated_at": micros, "born_on": days}
         before = {"id": key, "name": None, "score": None, "active": None, "amount": None, "updated_at": None,
                   "born_on": None} if op == "d" else None
-        source = {"version": "2.7.0.Final", "connector": "postgresql", "name": PREFIX, "ts_ms": base_ts + i,
-                  "snapshot": "true" if op == "r" else "false", "db": "bench", "schema": SCHEMA, "table": table,
-                  "txId": 1000 + i, "lsn": lsn_base + 64 * i, "xmin": None}
-        value = {"schema": schema, "payload": {"before": before, "after": row, "source": source, "op": op,
-                                               "ts_ms": base_ts + i + 5}}
+        source = {"version": "2.7.0.Final", "connector": "postgresql", "name": PREFIX, "ts_ms": ts,
+                  "snapshot": "true" if op == "r" else "false", "db": "bench", "schema": SCHEMA, "table": self.table,
+                  "txId": 1000 + i, "lsn": self._lsn_base + 64 * i, "xmin": None}
+        payload = {"before": before, "after": row, "source": source, "op": op, "ts_ms": ts + 5}
+        value = f'{{"schema": {self._schema}, "payload": {json.dumps(payload)}}}'
         key_bytes = json.dumps({"schema": _KEY_SCHEMA, "payload": {"id": key}}).encode()
-        records.append((key_bytes, json.dumps(value).encode()))
+        records: list[tuple[bytes, bytes | None]] = [(key_bytes, value.encode())]
         if op == "d":
             records.append((key_bytes, None))
-            state.pop(key, None)
+            del state[key]
+            del self._live[bisect.bisect_left(self._live, key)]
         else:
+            if key not in state:
+                self._live.append(key)
             state[key] = (row["name"], row["score"], row["active"], amount,  # type: ignore[index]
                           dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=micros),
                           dt.date(1970, 1, 1) + dt.timedelta(days=days))
-    return records, state
+        return records
+
+
+def generate(index: int, events: int, lsn_base: int, rng: random.Random
+             ) -> tuple[list[tuple[bytes, bytes | None]], dict[int, tuple]]:
+    """One table's records (``TableEvents``) and its reference fold."""
+    table = TableEvents(index, events, lsn_base, rng)
+    records = [record for _ in range(events) for record in table.next()]
+    return records, table.state
 
 
 def checksum(rows: dict[int, tuple]) -> str:
@@ -280,15 +296,27 @@ def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label
     return result
 
 
-def verify(root: Path, oracle: dict[str, tuple[int, str]]) -> None:
-    """Every table equals its reference fold."""
+def mismatches(root: Path, oracle: dict[str, tuple[int, str]]) -> list[str]:
+    """The tables that differ from their reference fold (rows, checksum), each with what it holds."""
+    found = []
     for table, expected in oracle.items():
-        rows = DeltaTable(str(root / PREFIX / SCHEMA / table)).to_pyarrow_table(
+        path = root / PREFIX / SCHEMA / table
+        if not DeltaTable.is_deltatable(str(path)):
+            found.append(f"table {table}: no Delta table; expected {expected}")
+            continue
+        rows = DeltaTable(str(path)).to_pyarrow_table(
             columns=["id", "name", "score", "active", "amount", "updated_at", "born_on"]).to_pylist()
         got = {r["id"]: (r["name"], r["score"], r["active"], r["amount"], r["updated_at"], r["born_on"])
                for r in rows}
         if (len(got), checksum(got)) != expected:
-            raise SystemExit(f"table {table}: {len(got)} rows, checksum {checksum(got)}; expected {expected}")
+            found.append(f"table {table}: {len(got)} rows, checksum {checksum(got)}; expected {expected}")
+    return found
+
+
+def verify(root: Path, oracle: dict[str, tuple[int, str]]) -> None:
+    """Every table equals its reference fold."""
+    if found := mismatches(root, oracle):
+        raise SystemExit("\n".join(found))
 
 
 def main() -> None:

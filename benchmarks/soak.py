@@ -1,18 +1,23 @@
-"""Soak: produce at a fixed rate while Dagster runs of ``cdc_merge_job`` keep merging, for a bounded
-time; report how long changes took to become visible in Delta (lag percentiles), the backlog, and
-peak RSS.
+"""Soak: produce at a fixed rate into the topics of one connector's tables while sensor-driven Dagster runs
+of ``cdc_merge_job`` keep merging, for a bounded time; report how long changes took to become visible in
+Delta (capture lag over all tables), the backlog, peak RSS, and whether anything was lost. Issue 26's
+goal: 5,000 events/s over 50 tables for 10 minutes, nothing lost, capture lag p95 <= 30 s.
 
-A producer thread writes PostgreSQL change events at ``--rate`` events/s to a local broker and
-remembers when each offset was produced. The main thread plays the sensor: whenever the topic has
-events beyond the table's committed offsets, it launches a run. By default each run is a fresh
-process (``dagster job execute``), as Dagster's default run launcher does, so every run pays for
-its Python and Dagster start (Spark is the local Spark server the runs share, started by the first);
-``--runs-in same`` runs them with ``execute_in_process`` in this process. Peak RSS counts the
-runs and the local Spark server, sampled together (with ``--runs-in same``, this process too); the
-soak's own process (``harness_peak_rss_gib``) is reported apart. An event's lag is the time from its
-production to the end of the run that committed it (the offsets come from the table's Delta commits).
+A producer thread writes PostgreSQL change events (``benchmarks.many_tables``' tables and their reference
+folds) at ``--rate`` events/s to a local Apache Kafka, round-robin over ``--tables`` topics, and remembers
+when each offset was produced. The main thread plays the sensor: each tick it compares every topic's high
+watermarks with the offsets its table has committed and requests one run of ``cdc_merge_job`` for the
+tables with new events (an asset selection, as the product's transaction and backfill sensors request:
+the connector's merge op runs for those tables only). By default each run is a fresh process that loads
+the code location and executes the run, as a run worker does, so every run pays for its Python and
+Dagster start (Spark is the local Spark server the runs share, started by the first); ``--runs-in same``
+runs them with ``execute_in_process`` in this process. Peak RSS counts the runs and the local Spark
+server, sampled together (with ``--runs-in same``, this process too); the soak's own process
+(``harness_peak_rss_gib``) is reported apart. An event's lag is the time from its production to the end
+of the run that committed it (the offsets come from the table's Delta commits). After the last run every
+table is checked against the reference fold of what was produced (row count and checksum).
 
-    python -m benchmarks.soak [--rate 5000] [--seconds 600] [--runs-in fresh|same]
+    python -m benchmarks.soak [--tables 50] [--rate 5000] [--seconds 600] [--runs-in fresh|same]
 """
 
 from __future__ import annotations
@@ -20,100 +25,167 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from array import array
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
-from dagster import DagsterInstance
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from dagster import AssetKey, DagsterInstance
 
+from benchmarks.many_tables import PREFIX, SCHEMA, TableEvents, checksum, mismatches, table_name
 from benchmarks.measure import PeakRss
-from cdc_assets.catalog import resolve_tables
+from cdc_assets.catalog import CapturedTable, resolve_tables
 from cdc_assets.config import load_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
-from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.delta import DeltaRsWriter
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
+from cdc_assets.translator import CdcTranslator
 
-TOPIC = "soak.public.accounts"
+CONFIG = """
+kafka: {{bootstrap_servers: "{bootstrap}"}}
+delta: {{root: "{root}", writer: delta-rs}}
+batch: {{max_records: {max_records}}}
+connectors:
+  - name: soak
+    kind: postgresql
+    topic.prefix: {prefix}
+    tables:
+{tables}
+"""
 
 
 class RateProducer(threading.Thread):
-    """Produces ``rate`` events/s for ``seconds``; records each offset's production time."""
+    """Produces ``rate`` events/s for ``seconds``, round-robin over ``tables``; records when each offset
+    was produced (``produced_at[topic][partition][offset]``, NaN for a tombstone)."""
 
-    def __init__(self, bootstrap: str, rate: int, seconds: float, keys: int):
+    def __init__(self, bootstrap: str, rate: int, seconds: float, tables: list[TableEvents]):
         super().__init__(daemon=True)
-        self.rate, self.seconds, self.keys = rate, seconds, keys
-        self.produced_at: dict[tuple[int, int], float] = {}
+        self.rate, self.seconds, self.tables = rate, seconds, tables
+        self.produced_at: dict[str, dict[int, array]] = {self.topic(t): {} for t in tables}
         self.count = 0
-        self._producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": bootstrap, "linger.ms": 5})
+        self._servers = bootstrap
+
+    @staticmethod
+    def topic(table: TableEvents) -> str:
+        return f"{PREFIX}.{SCHEMA}.{table.table}"
+
+    def _delivered(self, error: object, message: Message) -> None:
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        if error is not None or message.value() is None or topic is None or partition is None or offset is None:
+            return
+        times = self.produced_at[topic].setdefault(partition, array("d"))
+        if offset >= len(times):
+            times.extend([math.nan] * (offset - len(times) + 1))
+        times[offset] = message.timestamp()[1] / 1000
 
     def run(self) -> None:
+        producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": self._servers, "linger.ms": 5})
         started = time.time()
-        tick = 0.05
         while time.time() - started < self.seconds:
             due = int((time.time() - started) * self.rate) - self.count
             for _ in range(max(due, 0)):
-                now = time.time()
-                key = self.count % self.keys
-                value = envelope("u" if self.count >= self.keys else "c", None, {"id": key, "n": self.count},
-                                 postgres_source(10_000 + self.count, int(now * 1000), "public", "accounts"),
-                                 int(now * 1000))
-
-                def delivered(error: object, message: object, at: float = now) -> None:
-                    if error is None:
-                        self.produced_at[(message.partition(), message.offset())] = at  # type: ignore[attr-defined]
-
-                produce_waiting(self._producer, TOPIC, encode_key({"id": key}), value, 0.05, on_delivery=delivered)
+                table = self.tables[self.count % len(self.tables)]
+                now_ms = int(time.time() * 1000)
+                for key, value in table.next(now_ms):
+                    produce_waiting(producer, self.topic(table), key, value, 0.05, timestamp=now_ms,
+                                    on_delivery=self._delivered)
                 self.count += 1
-            self._producer.poll(0)
-            time.sleep(tick)
-        self._producer.flush(60)
+            producer.poll(0)
+            time.sleep(0.05)
+        producer.flush(60)
 
 
-def high_watermarks(bootstrap: str) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "soak-watch"})
-    partitions = consumer.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
-    highs = {p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in partitions}
-    consumer.close()
-    return highs
+_NO_LEADER_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._UNKNOWN_PARTITION,
+                  KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def high_watermarks(admin: AdminClient, topics: list[str], partitions: int, attempts: int = 20
+                    ) -> dict[str, dict[int, int]]:
+    """Every partition's high watermark, in one request (asked again while a new topic's partitions
+    have no leader yet: Kafka elects them after ``create_topics`` returns)."""
+    for attempt in range(attempts):
+        futures = admin.list_offsets({TopicPartition(t, p): OffsetSpec.latest()
+                                      for t in topics for p in range(partitions)})
+        highs: dict[str, dict[int, int]] = {t: {} for t in topics}
+        try:
+            for partition, future in futures.items():
+                highs[partition.topic][partition.partition] = future.result().offset
+            return highs
+        except KafkaException as exc:
+            if exc.args[0].code() not in _NO_LEADER_YET or attempt + 1 == attempts:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def backlog(highs: dict[str, dict[int, int]], committed: dict[str, dict[int, int]]) -> dict[str, int]:
+    """Per topic, the records beyond its table's committed offsets."""
+    return {topic: sum(max(high - committed[topic].get(p, 0), 0) for p, high in partitions.items())
+            for topic, partitions in highs.items()}
 
 
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
 
+def child_run(selection: str) -> None:
+    """One run in this (fresh) process: load the code location, run ``cdc_merge_job`` for the selected assets."""
+    from cdc_assets.definitions import defs
+
+    result = defs.resolve_job_def("cdc_merge_job").execute_in_process(
+        instance=DagsterInstance.get(), asset_selection=[AssetKey(path) for path in json.loads(selection)],
+        raise_on_error=False)
+    if not result.success:
+        failures = [str(e.event_specific_data) for e in result.all_events if e.is_failure][:3]
+        raise SystemExit("cdc_merge_job failed: " + "\n".join(failures))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=int, default=5000, help="events per second")
+    parser.add_argument("--tables", type=int, default=50, help="tables (topics) of the connector")
+    parser.add_argument("--rate", type=int, default=5000, help="events per second, over all tables")
     parser.add_argument("--seconds", type=float, default=600)
-    parser.add_argument("--keys", type=int, default=100_000)
-    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--drain-seconds", type=float, default=120,
+                        help="after production stops, how long runs may take to catch up")
+    parser.add_argument("--partitions", type=int, default=3, help="partitions per topic")
     parser.add_argument("--max-records", type=int, default=100_000)
     parser.add_argument("--runs-in", choices=("fresh", "same"), default="fresh",
-                        help="fresh: each run a new process (dagster job execute); same: execute_in_process here")
+                        help="fresh: each run a new process that loads the code location; "
+                             "same: execute_in_process here")
+    parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.run:
+        child_run(args.run)
+        return
 
     with tempfile.TemporaryDirectory(prefix="cdc-soak-") as work, ApacheKafkaBroker(Path(work) / "broker") as broker:
+        rng = random.Random(26)
+        per_table = math.ceil(args.rate * args.seconds / args.tables)
+        generators = [TableEvents(i, per_table, 100_000_000 + i * 1_000_000, rng) for i in range(args.tables)]
+        producer = RateProducer(broker.bootstrap_servers, args.rate, args.seconds, generators)
+        topics = list(producer.produced_at)
         admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-        admin.create_topics([NewTopic(TOPIC, num_partitions=args.partitions, replication_factor=1)])[TOPIC].result()
+        for future in admin.create_topics([NewTopic(t, num_partitions=args.partitions, replication_factor=1)
+                                           for t in topics]).values():
+            future.result()
+        root = Path(work) / "delta"
         config_path = Path(work) / "pipeline.yaml"
-        config_path.write_text(f"""
-kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
-delta: {{root: "{work}/delta", writer: delta-rs}}
-batch: {{max_records: {args.max_records}}}
-connectors:
-  - {{name: soak, kind: postgresql, topic.prefix: soak, tables: [{{name: public.accounts}}]}}
-""")
+        config_path.write_text(CONFIG.format(
+            bootstrap=broker.bootstrap_servers, root=root, max_records=args.max_records, prefix=PREFIX,
+            tables="\n".join(f"      - name: {SCHEMA}.{table_name(i)}" for i in range(args.tables))))
         config = load_config(config_path)
-        table = resolve_tables(config)[0]
+        tables: dict[str, CapturedTable] = {table.topic: table for table in resolve_tables(config)}
+        assert set(tables) == set(topics), "the connector's tables are the produced topics"
         job = build_definitions(config).resolve_job_def("cdc_merge_job")
         dagster_home = Path(work) / "dagster_home"
         dagster_home.mkdir()
@@ -121,57 +193,88 @@ connectors:
         # runs that looked in the default directory started a server the soak neither measured nor stopped.
         os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")
         env = {**os.environ, "CDC_ASSETS_CONFIG": str(config_path), "DAGSTER_HOME": str(dagster_home)}
-        command = [str(Path(sys.executable).parent / "dagster"), "job", "execute", "-m", "cdc_assets.definitions",
-                   "-j", "cdc_merge_job"]
-        producer = RateProducer(broker.bootstrap_servers, args.rate, args.seconds, args.keys)
-        lags: list[float] = []
-        runs = 0
-        committed: dict[int, int] = {}
+        repository = Path(__file__).resolve().parent.parent
+        translator = CdcTranslator()
+        writer = DeltaRsWriter()
+        lags: dict[str, list[float]] = {topic: [] for topic in topics}
+        committed: dict[str, dict[int, int]] = {topic: {} for topic in topics}
+        run_seconds: list[float] = []
+        run_tables: list[int] = []
+        max_backlog = 0
         server_found = False
-        with contextlib.ExitStack() as stack:
-            instance = stack.enter_context(DagsterInstance.ephemeral())
-            # Fresh runs: the runs and the local server, sampled together; this process (the producer,
-            # the sensor's loop, every offset's production time) is the harness, counted apart.
-            rss = stack.enter_context(PeakRss(exclude_pid=broker.pid or -1, count_root=args.runs_in == "same"))
-            producer.start()
-            deadline = time.time() + args.seconds + 120
-            while time.time() < deadline:
-                highs = high_watermarks(broker.bootstrap_servers)
-                if all(committed.get(p, 0) >= h for p, h in highs.items()):
-                    if not producer.is_alive():
-                        break
-                    time.sleep(0.5)
-                    continue
-                if args.runs_in == "same":
-                    ok = job.execute_in_process(instance=instance, raise_on_error=False).success
-                else:
-                    ok = subprocess.run(command, env=env, capture_output=True).returncode == 0
-                finished = time.time()
-                runs += 1
-                if not ok:
-                    raise SystemExit(f"run {runs} of cdc_merge_job failed")
-                # Started by the first fresh run, it outlives it: no child of this process.
-                servers = running_servers() if not server_found and args.runs_in == "fresh" else []
-                if servers:
-                    rss.add_root(servers[0][1]["pid"])
-                    server_found = True
-                progress = DeltaRsWriter().read_progress(table.target, table.app_id)
-                for partition, end in (progress.offsets if progress else {}).items():
-                    for offset in range(committed.get(partition, 0), end):
-                        produced = producer.produced_at.get((partition, offset))
-                        if produced is not None:
-                            lags.append(finished - produced)
-                    committed[partition] = end
+        try:
+            with contextlib.ExitStack() as stack:
+                instance = stack.enter_context(DagsterInstance.ephemeral())
+                # Fresh runs: the runs and the local server, sampled together; this process (the producer,
+                # the sensor's loop, every offset's production time) is the harness, counted apart.
+                rss = stack.enter_context(PeakRss(exclude_pid=broker.pid or -1, count_root=args.runs_in == "same"))
+                producer.start()
+                deadline = time.time() + args.seconds + args.drain_seconds
+                while time.time() < deadline:
+                    waiting = backlog(high_watermarks(admin, topics, args.partitions), committed)
+                    max_backlog = max(max_backlog, sum(waiting.values()))
+                    selected = [topic for topic in topics if waiting[topic]]
+                    if not selected:
+                        if not producer.is_alive():
+                            break
+                        time.sleep(0.5)
+                        continue
+                    keys = [translator.get_asset_key(tables[topic]) for topic in selected]
+                    started = time.time()
+                    if args.runs_in == "same":
+                        done = job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=False)
+                        ok, error = done.success, "see the log above"
+                    else:
+                        command = [sys.executable, "-m", "benchmarks.soak", "--run", json.dumps([k.path for k in keys])]
+                        process = subprocess.run(command, env=env, cwd=repository, capture_output=True, text=True)
+                        ok, error = process.returncode == 0, process.stderr[-3000:]
+                    finished = time.time()
+                    run_seconds.append(finished - started)
+                    run_tables.append(len(selected))
+                    if not ok:
+                        raise SystemExit(f"run {len(run_seconds)} of cdc_merge_job ({len(selected)} tables) "
+                                         f"failed:\n{error}")
+                    # Started by the first fresh run, it outlives it: no child of this process.
+                    servers = running_servers() if not server_found and args.runs_in == "fresh" else []
+                    if servers:
+                        rss.add_root(servers[0][1]["pid"])
+                        server_found = True
+                    for topic in selected:
+                        progress = writer.read_progress(tables[topic].target, tables[topic].app_id)
+                        for partition, end in (progress.offsets if progress else {}).items():
+                            times = producer.produced_at[topic].get(partition, array("d"))
+                            lags[topic].extend(finished - produced
+                                               for produced in times[committed[topic].get(partition, 0):end]
+                                               if not math.isnan(produced))
+                            committed[topic][partition] = end
+            producer.join(5)
+            behind = sum(backlog(high_watermarks(admin, topics, args.partitions), committed).values())
+            del admin  # its connections closed before the broker stops
+        finally:
+            stop_all()
+        oracle = {g.table: (len(g.state), checksum(g.state)) for g in generators}
+        lost = mismatches(root, oracle)
+        every = [lag for table_lags in lags.values() for lag in table_lags]
+        table_p95 = {topic: percentile(values, 95) for topic, values in lags.items() if values}
+        worst = max(table_p95, key=table_p95.__getitem__) if table_p95 else None
         print(json.dumps({
-            "rate_events_per_s": args.rate, "seconds": args.seconds, "events_produced": producer.count,
-            "events_applied": len(lags), "runs": runs, "runs_in": args.runs_in,
-            "lag_p50_s": round(percentile(lags, 50), 2) if lags else None,
-            "lag_p95_s": round(percentile(lags, 95), 2) if lags else None,
-            "lag_max_s": round(max(lags), 2) if lags else None,
+            "tables": args.tables, "rate_events_per_s": args.rate, "seconds": args.seconds,
+            "events_produced": producer.count, "events_applied": len(every), "runs": len(run_seconds),
+            "runs_in": args.runs_in,
+            "tables_per_run_mean": round(statistics.fmean(run_tables), 1) if run_tables else None,
+            "run_s_p50": round(percentile(run_seconds, 50), 2) if run_seconds else None,
+            "run_s_max": round(max(run_seconds), 2) if run_seconds else None,
+            "lag_p50_s": round(percentile(every, 50), 2) if every else None,
+            "lag_p95_s": round(percentile(every, 95), 2) if every else None,
+            "lag_max_s": round(max(every), 2) if every else None,
+            "worst_table_lag_p95_s": {worst: round(table_p95[worst], 2)} if worst else None,
+            "max_backlog_records": max_backlog,
+            "records_waiting_at_end": behind,
             "peak_rss_gib": round(rss.peak / 2**30, 2),
             "harness_peak_rss_gib": round(rss.peak_python / 2**30, 2),
+            "nothing_lost": not lost and not behind and len(every) == producer.count,
+            "tables_differing": lost,
         }, indent=2))
-        stop_all()
 
 
 if __name__ == "__main__":
