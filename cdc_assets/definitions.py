@@ -56,7 +56,7 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
                make_events_waiting_sensor(live, kafka_client_settings(config.kafka), translator=translator)]
     freshness_job = build_freshness_job([AssetCheckKey(translator.get_asset_key(table), FRESHNESS_CHECK)
                                          for table in live])
-    compaction_job = build_compaction_job(config, tables)
+    compaction_job = build_compaction_job(config, live)
     transactional: dict[str, dict[str, DeltaTarget]] = {}
     for table in tables:
         if table.transaction_log is not None and not table.retired:

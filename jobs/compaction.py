@@ -8,8 +8,8 @@ no offsets; the writers read theirs from the latest commit that does, so merges 
 
 from collections.abc import Sequence
 
+from dagster import Field as DagsterField
 from dagster import (
-    DefaultScheduleStatus,
     Int,
     JobDefinition,
     OpDefinition,
@@ -19,12 +19,12 @@ from dagster import (
     job,
     op,
 )
-from dagster import Field as DagsterField
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import PipelineConfig
 from cdc_assets.resources import DeltaResource, SparkResource
 from cdc_assets.translator import dagster_name
+from jobs.merge import configured_schedule
 
 COMPACTION_JOB = "cdc_compaction_job"
 
@@ -55,12 +55,11 @@ def _compaction_op(connector: str, tables: Sequence[CapturedTable], min_files: i
     return compact
 
 
-def build_compaction_job(config: PipelineConfig, tables: Sequence[CapturedTable]) -> JobDefinition:
-    """``cdc_compaction_job``: one op per connector compacting its live tables."""
+def build_compaction_job(config: PipelineConfig, live: Sequence[CapturedTable]) -> JobDefinition:
+    """``cdc_compaction_job``: one op per connector compacting its ``live`` (not retired) tables."""
     by_connector: dict[str, list[CapturedTable]] = {}
-    for table in tables:
-        if not table.retired:
-            by_connector.setdefault(table.connector, []).append(table)
+    for table in live:
+        by_connector.setdefault(table.connector, []).append(table)
     ops = [_compaction_op(connector, members, config.compaction.min_files)
            for connector, members in by_connector.items()]
 
@@ -75,8 +74,4 @@ def build_compaction_job(config: PipelineConfig, tables: Sequence[CapturedTable]
 
 def build_compaction_schedule(config: PipelineConfig, compaction_job: JobDefinition) -> ScheduleDefinition:
     """The compaction schedule (``compaction``: daily at 03:00, stopped, by default)."""
-    schedule = config.compaction
-    return ScheduleDefinition(
-        name="cdc_compaction_schedule", job=compaction_job, cron_schedule=schedule.cron,
-        execution_timezone=schedule.timezone,
-        default_status=DefaultScheduleStatus.RUNNING if schedule.running else DefaultScheduleStatus.STOPPED)
+    return configured_schedule("cdc_compaction_schedule", compaction_job, config.compaction)

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 from dagster import (
     AssetCheckKey,
     AssetSelection,
-    DefaultScheduleStatus,
     ScheduleDefinition,
     define_asset_job,
     in_process_executor,
 )
 
 from cdc_assets.config import PipelineConfig
+from jobs.merge import configured_schedule
 
 if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export its name
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
@@ -33,7 +33,4 @@ def build_freshness_job(check_keys: Sequence[AssetCheckKey]) -> UnresolvedAssetJ
 
 def build_freshness_schedule(config: PipelineConfig, job: UnresolvedAssetJobDefinition) -> ScheduleDefinition:
     """The freshness checks' schedule (``freshness_schedule``: every 5 minutes, running, by default)."""
-    schedule = config.freshness_schedule
-    return ScheduleDefinition(
-        name="cdc_freshness_schedule", job=job, cron_schedule=schedule.cron, execution_timezone=schedule.timezone,
-        default_status=DefaultScheduleStatus.RUNNING if schedule.running else DefaultScheduleStatus.STOPPED)
+    return configured_schedule("cdc_freshness_schedule", job, config.freshness_schedule)

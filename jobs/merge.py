@@ -1,5 +1,9 @@
 """The micro-batch merge job: one MERGE per captured table, in one process and one Spark session."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from dagster import (
     AssetSelection,
     DefaultScheduleStatus,
@@ -8,8 +12,12 @@ from dagster import (
     in_process_executor,
 )
 
-from cdc_assets.config import PipelineConfig
+from cdc_assets.config import MergeScheduleConfig, PipelineConfig
 from cdc_assets.translator import STATUS_TAG
+
+if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export its name
+    from dagster import JobDefinition
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 cdc_merge_job = define_asset_job(
     "cdc_merge_job",
@@ -26,7 +34,12 @@ def build_merge_schedules(config: PipelineConfig) -> list[ScheduleDefinition]:
     schedule = config.merge_schedule
     if schedule is None:
         return []
-    return [ScheduleDefinition(
-        name="cdc_merge_schedule", job=cdc_merge_job, cron_schedule=schedule.cron,
-        execution_timezone=schedule.timezone,
-        default_status=DefaultScheduleStatus.RUNNING if schedule.running else DefaultScheduleStatus.STOPPED)]
+    return [configured_schedule("cdc_merge_schedule", cdc_merge_job, schedule)]
+
+
+def configured_schedule(name: str, job: JobDefinition | UnresolvedAssetJobDefinition,
+                        schedule: MergeScheduleConfig) -> ScheduleDefinition:
+    """A schedule of ``job`` as a config section gives it: cron, time zone, running or stopped."""
+    return ScheduleDefinition(
+        name=name, job=job, cron_schedule=schedule.cron, execution_timezone=schedule.timezone,
+        default_status=DefaultScheduleStatus.RUNNING if schedule.running else DefaultScheduleStatus.STOPPED)
