@@ -36,13 +36,20 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from benchmarks.measure import PeakRss
+from benchmarks.merge_throughput import _cpu
 from cdc_assets.core.apply_modes import apply_mode
-from cdc_assets.io.delta import CommitRequest, DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter
+from cdc_assets.io.delta import (
+    DELETION_VECTORS,
+    CommitRequest,
+    DeltaRsWriter,
+    DeltaSparkWriter,
+    DeltaTarget,
+    DeltaWriter,
+)
 
 SCD1 = apply_mode("scd1")
 KEY = "id"
 VARIANTS = ("delta-rs", "delta-spark", "delta-spark-dv")
-DV_PROPERTY = "delta.enableDeletionVectors"
 SCHEMA = pa.schema([
     (KEY, pa.int64()), ("name", pa.string()), ("amount", pa.float64()), ("qty", pa.int32()),
     ("updated_at", pa.timestamp("us", tz="UTC")),
@@ -137,17 +144,7 @@ def spark_session(work: Path, memory: str) -> Iterator[object]:
 def cpu_seconds() -> float:
     """CPU seconds so far of this process and the local Spark servers (with their JVMs): under a shared
     CPU they judge a batch better than its seconds."""
-    total = 0.0
-    processes = [psutil.Process()]
-    for pid in server_pids():
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(pid)
-            processes += [root, *root.children(recursive=True)]
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            times = process.cpu_times()
-            total += times.user + times.system
-    return total
+    return sum(psutil.Process().cpu_times()[:2]) + sum(_cpu(pid) for pid in server_pids())
 
 
 def server_pids() -> list[int]:
@@ -176,7 +173,7 @@ def run_variant(variant: str, writer: DeltaWriter, spark: object | None, pristin
     shutil.rmtree(path, ignore_errors=True)
     shutil.copytree(pristine, path)
     if variant == "delta-spark-dv":
-        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DV_PROPERTY}' = 'true')")  # type: ignore[attr-defined]
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DELETION_VECTORS}' = 'true')")  # type: ignore[attr-defined]
     target = DeltaTarget(str(path))
     rng = np.random.default_rng(7)
     alive = np.ones(rows, dtype=bool)
