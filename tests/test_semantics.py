@@ -46,6 +46,7 @@ class Event:
 
 
 T = TypeVar("T")
+RELATIONAL = st.sampled_from(["postgresql", "sqlserver", "db2"])  # each position rule
 LENGTHS = st.lists(st.integers(1, 30), min_size=GROUP, max_size=GROUP)  # of each example's histories
 
 
@@ -272,7 +273,7 @@ def check_history(spark, broker, writer, tmp_path, kind, seed, lengths, partitio
 
 
 @SETTINGS
-@given(kind=st.sampled_from(["postgresql", "sqlserver", "db2"]), seed=st.integers(0, 2**31),
+@given(kind=RELATIONAL, seed=st.integers(0, 2**31),
        lengths=LENGTHS, partitions=st.integers(1, 3), max_records=st.integers(1, 12))
 @example(kind="sqlserver", seed=1, lengths=[25], partitions=2, max_records=1)  # PK changes split across batches
 @example(kind="db2", seed=7, lengths=[30], partitions=3, max_records=3)
@@ -283,9 +284,9 @@ def test_random_histories_end_as_the_reference(spark, broker, writer, tmp_path, 
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**31), lengths=LENGTHS, max_records=st.integers(1, 12))
-def test_soft_delete_keeps_deleted_rows_flagged(spark, broker, writer, tmp_path, seed, lengths, max_records):
-    events, table = check_history(spark, broker, writer, tmp_path, "postgresql", seed, lengths, 2, max_records,
+@given(kind=RELATIONAL, seed=st.integers(0, 2**31), lengths=LENGTHS, max_records=st.integers(1, 12))
+def test_soft_delete_keeps_deleted_rows_flagged(spark, broker, writer, tmp_path, kind, seed, lengths, max_records):
+    events, table = check_history(spark, broker, writer, tmp_path, kind, seed, lengths, 2, max_records,
                                   mode="soft_delete")
     rows = read_rows(spark, writer, table, visible_only=False)
     live = {k: {c: v for c, v in row.items() if not c.startswith("_cdc_")} for k, row in rows.items()
@@ -298,7 +299,7 @@ def test_soft_delete_keeps_deleted_rows_flagged(spark, broker, writer, tmp_path,
 
 
 @SETTINGS
-@given(kind=st.sampled_from(["postgresql", "sqlserver", "db2"]), seed=st.integers(0, 2**31),
+@given(kind=RELATIONAL, seed=st.integers(0, 2**31),
        lengths=LENGTHS, tx_partitions=st.integers(1, 3), max_records=st.integers(8, 14))
 def test_random_transactional_histories_end_as_the_reference(spark, broker, writer, tmp_path, kind, seed, lengths,
                                                              tx_partitions, max_records):
@@ -324,14 +325,16 @@ def test_random_transactional_histories_end_as_the_reference(spark, broker, writ
     produce_spread(broker, tx_topic, [event for tx_id in transactions for event in (
         transaction_event("BEGIN", tx_id), transaction_event("END", tx_id, ids.count(tx_id)))], tx_partitions, rng)
 
-    log = TransactionLog(tx_topic, DeltaTarget(str(tmp_path / f"{seed}-log")), kind)
-    table = replace(captured_table(topic, tmp_path / f"{seed}-tx", kind=kind, columns=COLUMNS), transaction_log=log)
+    # Paths of this example's own (examples share tmp_path, and may share a seed): a log holding another
+    # example's ENDs would announce other event counts for the same txIDs.
+    log = TransactionLog(tx_topic, DeltaTarget(str(tmp_path / f"{prefix}-log")), kind)
+    table = replace(captured_table(topic, tmp_path / f"{prefix}-tx", kind=kind, columns=COLUMNS), transaction_log=log)
     apply_all(spark, broker, writer, table, max_records * len(lengths))
     assert read_rows(spark, writer, table) == reference(events)
 
     config = f"""\
 kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
-delta: {{root: "{tmp_path / f'{seed}-defs'}"}}
+delta: {{root: "{tmp_path / f'{prefix}-defs'}"}}
 connectors:
   - {{name: txdb, kind: {kind}, topic.prefix: {prefix}, transaction_metadata: true, tables: [{{name: s.t}}]}}
 """
@@ -379,9 +382,9 @@ def assert_versions_are_the_reference(by_key: dict[int, list[dict]], events: lis
 
 
 @SETTINGS
-@given(seed=st.integers(0, 2**31), lengths=LENGTHS, max_records=st.integers(1, 12))
-def test_scd2_keeps_every_version(spark, broker, writer, tmp_path, seed, lengths, max_records):
-    events, table = check_history(spark, broker, writer, tmp_path, "postgresql", seed, lengths, 2, max_records,
+@given(kind=RELATIONAL, seed=st.integers(0, 2**31), lengths=LENGTHS, max_records=st.integers(1, 12))
+def test_scd2_keeps_every_version(spark, broker, writer, tmp_path, kind, seed, lengths, max_records):
+    events, table = check_history(spark, broker, writer, tmp_path, kind, seed, lengths, 2, max_records,
                                   mode="scd2")
     assert_versions_are_the_reference(scd2_versions(spark, writer, table), events)
 
