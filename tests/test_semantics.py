@@ -184,8 +184,8 @@ def interleave(histories: list[list[list[Event]]], rng: random.Random) -> list[E
 
 def packed_history(seed: int, lengths: list[int], transactional: bool = False) -> tuple[random.Random, list[Event]]:
     """``len(lengths)`` histories (keys 100 apart; transactions' txIDs 1,000 apart) interleaved in one
-    topic, and the random generator the rest of the example draws from. With one history its events
-    and draws are the single-history test's."""
+    topic, and the random generator the rest of the example draws from. With one history, its events
+    are the single-history test's, positions renumbered but in the same order."""
     rng = random.Random(seed)
     histories = []
     for index, length in enumerate(lengths):
