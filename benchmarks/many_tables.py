@@ -65,6 +65,7 @@ delta:
   writer: {writer}
 batch:
   max_records: 100000
+  concurrent_tables: {concurrent}
 spark:
   local_server: true
 connectors:
@@ -214,10 +215,11 @@ def produce(bootstrap: str, tables: int, events: int, partitions: int) -> tuple[
     return oracle, produced
 
 
-def write_config(work: Path, bootstrap: str, tables: int, root: Path, writer: str) -> Path:
+def write_config(work: Path, bootstrap: str, tables: int, root: Path, writer: str, concurrent: int = 1) -> Path:
     listed = "\n".join(f"      - name: {SCHEMA}.{table_name(i)}" for i in range(tables))
     path = work / f"pipeline-{root.name}.yaml"
-    path.write_text(CONFIG.format(bootstrap=bootstrap, root=root, writer=writer, prefix=PREFIX, tables=listed))
+    path.write_text(CONFIG.format(bootstrap=bootstrap, root=root, writer=writer, prefix=PREFIX, tables=listed,
+                                  concurrent=concurrent))
     return path
 
 
@@ -327,6 +329,8 @@ def main() -> None:
     parser.add_argument("--warm-tables", type=int, default=10, help="tables of the warm-up run that starts the server")
     parser.add_argument("--writer", default="delta-rs", choices=("delta-rs", "delta-spark"))
     parser.add_argument("--profile", action="store_true", help="run the measured run under cProfile")
+    parser.add_argument("--concurrent-tables", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2],
+                        help="batch.concurrent_tables of the measured runs, comma-separated: one run each")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -345,12 +349,18 @@ def main() -> None:
             warm = run_child(write_config(work, broker.bootstrap_servers, min(args.warm_tables, args.tables),
                                           work / "delta-warm", args.writer), broker, False,
                              f"warm-up ({min(args.warm_tables, args.tables)} tables, starts the server)")
-            measured = run_child(write_config(work, broker.bootstrap_servers, args.tables, work / "delta",
-                                              args.writer), broker, args.profile, "measured run (warm server)")
+            measured = {
+                concurrent: run_child(write_config(work, broker.bootstrap_servers, args.tables,
+                                                   work / f"delta-{concurrent}", args.writer, concurrent),
+                                      broker, args.profile, f"measured run (warm server, {concurrent} tables at once)")
+                for concurrent in args.concurrent_tables}
         finally:
             stop_all()
-        verify(work / "delta", oracle)
-    report(measured, warm, events, args.tables)
+        for concurrent in args.concurrent_tables:
+            verify(work / f"delta-{concurrent}", oracle)
+    for concurrent, result in measured.items():
+        print(f"\n== batch.concurrent_tables: {concurrent} ==")
+        report(result, warm, events, args.tables)
 
 
 def report(result: dict, warm: dict, events: int, tables: int) -> None:

@@ -1,9 +1,14 @@
 """One software-defined asset per captured table: materializing it merges its new change events, in
 micro-batches. The tables of a connector share one subsettable op (one op per table made the code
-location load in minutes with thousands of tables): a run merges the tables it selects."""
+location load in minutes with thousands of tables): a run merges the tables it selects, several at once."""
 
+import collections
+import contextlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from dagster import (
@@ -20,6 +25,7 @@ from dagster import (
     multi_asset,
 )
 from pydantic import Field
+from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from cdc_assets.api import apply_pending
@@ -27,6 +33,7 @@ from cdc_assets.catalog import CapturedTable
 from cdc_assets.checks import evaluate_table_checks, table_check_specs
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget
+from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.pipeline import BatchReport
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
@@ -42,6 +49,8 @@ class MergeConfig(Config):
                                               description="override the pipeline's max records per micro-batch")
     max_batches_per_run: int | None = Field(default=None, gt=0,
                                             description="override the pipeline's micro-batches per run")
+    concurrent_tables: int | None = Field(default=None, gt=0,
+                                          description="override the pipeline's tables merged at once")
 
 
 def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
@@ -120,9 +129,10 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                            peers: Mapping[str, DeltaTarget] | None = None,
                            translator: CdcTranslator | None = None, name: str | None = None) -> AssetsDefinition:
     """The assets of one connector's captured tables, one asset per table, in one subsettable op
-    (``name``, default ``<connector>_merge``): a run merges the selected tables one after another, each
-    MERGEing its new change events into Delta one micro-batch (one commit) at a time, up to
-    ``limits.max_batches_per_run``, and then evaluates that table's checks (``table_check_specs``).
+    (``name``, default ``<connector>_merge``): a run merges the selected tables, ``limits.concurrent_tables``
+    at once (``merge_concurrently``), each MERGEing its new change events into Delta one micro-batch (one
+    commit) at a time, up to ``limits.max_batches_per_run``, and then evaluates each table's checks
+    (``table_check_specs``), in config order.
     A table whose merge fails does not stop the others; the op fails after them, naming it.
 
     ``peers``: the transaction-consistent tables of the connector (for the watermark);
@@ -155,16 +165,20 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
         checks: dict[AssetKey, set[str]] = {}
         for check_key in context.selected_asset_check_keys:
             checks.setdefault(check_key.asset_key, set()).add(check_key.name)
+        chosen = {key: table for key, table in by_key.items() if key in selected}
+        merges = merge_concurrently(chosen, limits, peers, config, spark, kafka, delta)
         failures: list[tuple[CapturedTable, Exception]] = []
-        for key, table in by_key.items():  # in config order
-            if key in selected:
-                try:
-                    result = merge_table(context, table, limits, peers, config, spark, kafka, delta, key)
-                except Exception as error:  # the other tables go on; the op fails after them
-                    context.log.error(f"{table.topic}: merge failed: {error}")
-                    failures.append((table, error))
+        for key, table in by_key.items():  # in config order, each as soon as its merge (and those before) ended
+            if key in chosen:
+                merged = next(merges)
+                for line in merged.log:
+                    context.log.info(line)
+                if merged.error is not None:  # the other tables go on; the op fails after them
+                    context.log.error(f"{table.topic}: merge failed: {merged.error}")
+                    failures.append((table, merged.error))
                     continue  # its checks are not evaluated, as when its own op failed
-                yield result
+                assert merged.result is not None
+                yield merged.result
             if checks.get(key):
                 yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark)
         if len(failures) == 1:
@@ -186,22 +200,79 @@ class MergeFailed(Exception):
         self.__cause__ = failures[0][1]
 
 
-def merge_table(context: AssetExecutionContext, table: CapturedTable, limits: BatchLimits,
-                peers: Mapping[str, DeltaTarget] | None, config: MergeConfig, spark: SparkResource,
-                kafka: KafkaResource, delta: DeltaResource, key: AssetKey) -> MaterializeResult:
-    """One table's merge in a run: its pending micro-batches applied, and what they did."""
-    session = spark.spark_session
+@dataclass
+class TableMerge:
+    """One table's merge in a run: its materialization, or the error that stopped it; and its log lines."""
+
+    result: MaterializeResult | None = None
+    error: Exception | None = None
+    log: list[str] = field(default_factory=list)
+
+
+def merge_concurrently(tables: Mapping[AssetKey, CapturedTable], limits: BatchLimits,
+                       peers: Mapping[str, DeltaTarget] | None, config: MergeConfig, spark: SparkResource,
+                       kafka: KafkaResource, delta: DeltaResource) -> Iterator[TableMerge]:
+    """Merge ``tables`` with up to ``limits.concurrent_tables`` at once; yields each table's ``TableMerge``
+    in the order given.
+
+    A small table's merge is mostly fixed costs (its Spark query's planning and scheduling, its Kafka
+    read, its Delta commit): merged side by side, one table's Spark query runs while another's Python
+    parts run (docs/performance.md, W2). Each worker reads with a Kafka source of its own, kept for
+    the tables it merges (a new client per table cost more than a small table's read). The tables cut
+    to whole transactions merge one after another in one worker: they share the connector's
+    transaction log and watermark."""
+    session = spark.spark_session  # made once, here: the workers share it
+    transactional = [key for key, table in tables.items() if table.transaction_log is not None]
+    units = collections.deque([[key] for key, table in tables.items() if table.transaction_log is None])
+    if transactional:
+        units.appendleft(transactional)
+    merges: dict[AssetKey, Future[TableMerge]] = {key: Future() for key in tables}
+    stopping = threading.Event()
+
+    def work() -> None:
+        with contextlib.closing(kafka.new_source()) as source:
+            while not stopping.is_set():
+                try:
+                    unit = units.popleft()
+                except IndexError:
+                    return
+                for key in unit:
+                    merged = TableMerge()
+                    try:
+                        merged.result = merge_table(tables[key], limits, peers, config, session, source, delta,
+                                                    key, merged.log.append)
+                    except Exception as error:
+                        merged.error = error
+                    merges[key].set_result(merged)
+
+    workers = max(1, min(config.concurrent_tables or limits.concurrent_tables, len(units)))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cdc-merge")
+    running = [pool.submit(work) for _ in range(workers)]
+    try:
+        for key in tables:
+            yield merges[key].result()
+    finally:
+        stopping.set()  # a run stopped early starts no more merges
+        pool.shutdown(wait=True)
+        for worker in running:
+            worker.result()  # a worker's own failure (its Kafka source) is the run's
+
+
+def merge_table(table: CapturedTable, limits: BatchLimits, peers: Mapping[str, DeltaTarget] | None,
+                config: MergeConfig, session: SparkSession, source: KafkaSource, delta: DeltaResource,
+                key: AssetKey, log: Callable[[str], None]) -> MaterializeResult:
+    """One table's merge in a run: its pending micro-batches applied, and what they did; ``log`` is told
+    each batch."""
     overrides = {"max_records": config.max_records_per_batch, "max_batches_per_run": config.max_batches_per_run}
     batch_limits = limits.model_copy(update={k: v for k, v in overrides.items() if v})
     writer = delta.writer_for(session)
     # Until caught up, or nothing could be applied (a transaction waits): the next run goes on.
-    reports = apply_pending(table, kafka=kafka.source(), spark=session, writer=writer, limits=batch_limits,
-                            on_batch=lambda report: context.log.info(
-                                f"{table.topic}: {report.events_read} events read, offsets "
-                                f"{report.offsets_json()}"))
+    reports = apply_pending(table, kafka=source, spark=session, writer=writer, limits=batch_limits,
+                            on_batch=lambda report: log(f"{table.topic}: {report.events_read} events read, "
+                                                        f"offsets {report.offsets_json()}"))
     applied = [r for r in reports if r.outcome is not None]
     if applied:
-        kafka.source().commit_group_offsets(table.topic, applied[-1].raw.end_offsets)
+        source.commit_group_offsets(table.topic, applied[-1].raw.end_offsets)
     metadata = report_metadata(reports)
     if table.transaction_log is not None and table.watermarks is not None and applied:
         watermark = update_watermark(table.connector, table.transaction_log, peers or {}, table.watermarks)

@@ -101,7 +101,7 @@ class DeltaConfig(_Model):
 
 
 class BatchLimits(_Model):
-    """Bounds of one micro-batch of one table."""
+    """Bounds of one micro-batch of one table, and of a run's work on a connector's tables."""
 
     max_records: int = Field(default=100_000, gt=0)
     max_bytes: int = Field(default=256 * 1024 * 1024, gt=0)
@@ -109,6 +109,9 @@ class BatchLimits(_Model):
     max_batches_per_run: int = Field(
         default=10, gt=0, description="micro-batches one run applies to a table while it is behind (each its own "
         "Delta commit): a backlog is drained by one Spark session and one warm JVM, not by one run per batch")
+    concurrent_tables: int = Field(
+        default=2, gt=0, description="tables of a connector one run merges at once, each with its own Spark "
+        "queries and Delta commits: a small table's merge is mostly fixed costs, which overlap (docs/performance.md)")
 
 
 class TableConfig(_Model):

@@ -64,8 +64,6 @@ class KafkaResource(ConfigurableResource):
     retries: int = 3
     retry_backoff_s: float = 1.0
 
-    _source: KafkaSource | None = PrivateAttr(default=None)
-
     def client_settings(self) -> dict[str, Any]:
         """librdkafka settings (secrets included: keep them out of logs)."""
         return _client_settings(self.bootstrap_servers, self.group_id, self.settings, {
@@ -77,16 +75,10 @@ class KafkaResource(ConfigurableResource):
             "ssl.key.password": self.ssl_key_password,
         })
 
-    def source(self) -> KafkaSource:
-        """The run's Kafka source (one consumer, reused by every table of the run)."""
-        if self._source is None:
-            self._source = KafkaSource(self.client_settings(), self.retries, self.retry_backoff_s)
-        return self._source
-
-    def teardown_after_execution(self, context: InitResourceContext) -> None:
-        if self._source is not None:
-            self._source.close()
-            self._source = None
+    def new_source(self) -> KafkaSource:
+        """A Kafka source of the caller's own, to close when done: tables merged side by side each read
+        with their own (a source reads one topic at a time)."""
+        return KafkaSource(self.client_settings(), self.retries, self.retry_backoff_s)
 
 
 def _client_settings(bootstrap_servers: str, group_id: str, settings: dict[str, str],

@@ -7,6 +7,7 @@ lands an event twice.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
@@ -55,15 +56,21 @@ def dead_letter_rows(topic: str, table: str, events: pa.Table, bad: Sequence[Bad
     }, schema=DEAD_LETTER_SCHEMA)
 
 
+# A run merges tables side by side, and they share the dead-letter table: two MERGEs of it at once
+# would conflict, so a process writes it one batch at a time.
+_WRITING = threading.Lock()
+
+
 def write_dead_letters(target: DeltaTarget, rows: pa.Table) -> None:
     """Add ``rows`` to the dead-letter table (created on first use); rows already there are kept."""
     options = dict(target.storage_options)
-    if not DeltaTable.is_deltatable(target.path, storage_options=options):
-        write_deltalake(target.path, rows.slice(0, 0), storage_options=options)
-    (
-        DeltaTable(target.path, storage_options=options)
-        .merge(rows, 't.topic = s.topic AND t."partition" = s."partition" AND t."offset" = s."offset"',
-               source_alias="s", target_alias="t")
-        .when_not_matched_insert_all()
-        .execute()
-    )
+    with _WRITING:
+        if not DeltaTable.is_deltatable(target.path, storage_options=options):
+            write_deltalake(target.path, rows.slice(0, 0), storage_options=options)
+        (
+            DeltaTable(target.path, storage_options=options)
+            .merge(rows, 't.topic = s.topic AND t."partition" = s."partition" AND t."offset" = s."offset"',
+                   source_alias="s", target_alias="t")
+            .when_not_matched_insert_all()
+            .execute()
+        )

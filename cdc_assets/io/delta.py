@@ -22,6 +22,7 @@ applying any batch twice changes nothing.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
 from deltalake import CommitProperties, DeltaTable, Transaction
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -480,9 +481,9 @@ class DeltaSparkWriter:
             self._map_columns_by_name(target)
         if missing:
             columns = ", ".join(f"{quote_spark(f.name)} {f.dataType.simpleString()}" for f in missing)
-            self._spark.sql(f"ALTER TABLE {table} ADD COLUMNS ({columns})")
+            self._ddl(f"ALTER TABLE {table} ADD COLUMNS ({columns})")
         if properties:
-            self._spark.sql(f"ALTER TABLE {table} SET TBLPROPERTIES ({_properties_sql(properties)})")
+            self._ddl(f"ALTER TABLE {table} SET TBLPROPERTIES ({_properties_sql(properties)})")
         return [field.name for field in missing]
 
     def _create(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> None:
@@ -496,7 +497,7 @@ class DeltaSparkWriter:
             # A MERGE then marks the changed rows of a file deleted instead of rewriting the file.
             properties = {DELETION_VECTORS: "true", **properties}
         settings = f" TBLPROPERTIES ({_properties_sql(properties)})" if properties else ""
-        self._spark.sql(f"CREATE TABLE IF NOT EXISTS {self._table_ref(target)} ({columns}) USING delta{settings}")
+        self._ddl(f"CREATE TABLE IF NOT EXISTS {self._table_ref(target)} ({columns}) USING delta{settings}")
 
     def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
         from pyspark.sql import functions as F
@@ -522,7 +523,7 @@ class DeltaSparkWriter:
         files = int(detail["numFiles"]) if detail is not None else 0
         if files < min_files:
             return CompactionOutcome(files, delta_version=self._latest_version(target))
-        result = self._spark.sql(f"OPTIMIZE {self._table_ref(target)}").first()
+        result = self._ddl(f"OPTIMIZE {self._table_ref(target)}").first()
         metrics = result["metrics"].asDict() if result is not None and result["metrics"] is not None else {}
         return CompactionOutcome(files, int(metrics.get("numFilesRemoved") or 0),
                                  int(metrics.get("numFilesAdded") or 0), self._latest_version(target), compacted=True)
@@ -532,7 +533,7 @@ class DeltaSparkWriter:
         detail = self._spark.sql(f"DESCRIBE DETAIL {self._table_ref(target)}").first()
         properties = (detail["properties"] if detail is not None else None) or {}
         if properties.get(_COLUMN_MAPPING, "none") == "none":
-            self._spark.sql(f"ALTER TABLE {self._table_ref(target)} SET TBLPROPERTIES ('{_COLUMN_MAPPING}' = 'name')")
+            self._ddl(f"ALTER TABLE {self._table_ref(target)} SET TBLPROPERTIES ('{_COLUMN_MAPPING}' = 'name')")
 
     def _already_applied(self, target: DeltaTarget, commit: CommitRequest) -> bool:
         progress = self.read_progress(target, commit.app_id)
@@ -552,6 +553,12 @@ class DeltaSparkWriter:
         return (f"{when}{condition} THEN INSERT ({', '.join(clause.assignments)}) "
                 f"VALUES ({', '.join(clause.assignments.values())})")
 
+    def _ddl(self, statement: str) -> DataFrame:
+        """Run a statement that commits to a table but carries no batch (create, add columns, set
+        properties, optimize): never while another table's batch settings are on the session."""
+        with _SESSION_SETTINGS:
+            return self._spark.sql(statement)
+
     @contextmanager
     def _committing(self, commit: CommitRequest, schema_evolution: bool = True) -> Iterator[None]:
         """Session settings that put the txn and offsets into the next Delta commit, reset after."""
@@ -561,18 +568,23 @@ class DeltaSparkWriter:
             "spark.databricks.delta.commitInfo.userMetadata": commit.user_metadata(),
             "spark.databricks.delta.schema.autoMerge.enabled": str(schema_evolution).lower(),
         }
-        for key, value in settings.items():
-            self._spark.conf.set(key, value)
-        try:
-            yield
-        finally:
-            for key in settings:
-                self._spark.conf.unset(key)
+        # Tables merged side by side share the session, whose settings would then name another table's commit.
+        with _SESSION_SETTINGS:
+            for key, value in settings.items():
+                self._spark.conf.set(key, value)
+            try:
+                yield
+            finally:
+                for key in settings:
+                    self._spark.conf.unset(key)
 
     def _latest_version(self, target: DeltaTarget) -> int:
         history = self._history(target, 1)
         return int(str(history[0]["version"])) if history else -1
 
+
+# One delta-spark commit at a time in a process: a batch's commit sets the session's txn settings.
+_SESSION_SETTINGS = threading.Lock()
 
 # delta-spark refuses these characters in column names unless the table maps columns by name (delta-rs takes them).
 _UNMAPPED_NAME_REFUSES = frozenset(" ,;{}()\n\t=")

@@ -144,6 +144,9 @@ def _cores(spark: SparkSession) -> int:
 RECORD_SEPARATOR = "\x1e"
 _CORRUPT_COLUMN = "_corrupt_record"
 _SEPARATOR_BYTE, _BACKSLASH_BYTE, _QUOTE_BYTE = ord(RECORD_SEPARATOR), ord("\\"), ord('"')
+# A batch smaller than this is handed over as one file and folded in one task: parsing it on every
+# core saves less than a task per core and a shuffle cost (most of a small table's Spark time, W2).
+_SPLIT_BYTES = 4 << 20
 # A line as ``_json_lines`` writes it (separator aside), for Java's regex: partition, offset, key literal, value.
 _LINE_PATTERN = r'(?s)^\{"p":(\d+),"o":(\d+),"k":("(?:[^"\\]|\\.)*"|null),"v":(.*)\}$'
 
@@ -205,13 +208,18 @@ def parsed_from_files(spark: SparkSession, records: pa.Table, value_type: T.Stru
     partition and offset but get a null value (and may lose their key). ``from_json`` has no
     generated code, so any use of it keeps the projections that carry the parsed value out of Spark's
     whole-stage code generation: each then copies every row (docs/tuning.md)."""
-    _write_parts(_json_lines(records), scratch, _cores(spark))
+    lines = _json_lines(records)
+    parts = _cores(spark) if lines.nbytes > _SPLIT_BYTES else 1
+    _write_parts(lines, scratch, parts)
     line_type = T.StructType([T.StructField("p", T.IntegerType()), T.StructField("o", T.LongType()),
                               T.StructField("k", T.StringType()), T.StructField("v", value_type),
                               T.StructField(_CORRUPT_COLUMN, T.StringType())])
     frame = (spark.read.schema(line_type)
              .options(lineSep=RECORD_SEPARATOR, mode="PERMISSIVE", columnNameOfCorruptRecord=_CORRUPT_COLUMN)
              .json(str(scratch)))
+    if parts == 1:
+        # One partition that Spark knows to be one: the fold's aggregation then needs no shuffle.
+        frame = frame.coalesce(1)
 
     # A line whose value is not a JSON object at all has no fields: they are read back from the line
     # as ``_json_lines`` wrote it, and its value gets ``from_json``'s verdict (which, for one, takes

@@ -102,6 +102,16 @@ def test_spark_records_splits_a_batch_across_the_cores(spark):
         assert frame.where(F.col("value.after.name").isNotNull()).count() == 1000
 
 
+def test_a_small_batch_is_one_partition_that_folds_without_a_shuffle(spark, capsys):
+    # A small table's batch: one file and one task; a split and a shuffle would cost more than its parse.
+    pairs = [(b'{"id": %d}' % i, b'{"op": "c", "after": {"name": "n%d"}}' % i) for i in range(1000)]
+    with spark_records(spark, records_table(pairs), VALUE_TYPE) as frame:
+        assert frame.select(F.spark_partition_id()).distinct().count() == 1
+        frame.groupBy("key").agg(F.max("offset")).explain()
+        assert "Exchange" not in capsys.readouterr().out
+        assert frame.where(F.col("value.after.name").isNotNull()).count() == 1000
+
+
 def test_class_archive_is_mapped_by_local_jvms_only(tmp_path, monkeypatch):
     archive = tmp_path / "classes.jsa"
     monkeypatch.setenv(CLASS_ARCHIVE_ENV_VAR, str(archive))
