@@ -7,7 +7,8 @@ decimal(12,2), timestamp, date), waits until the broker is idle, then:
 
 1. warms the local Spark server: a ``cdc_merge_job`` run over the first ``--warm-tables`` tables into a
    Delta root of its own (it starts the server; reported apart);
-2. the measured run, in a fresh process as a run worker has it: ``cdc_merge_job`` over all the tables
+2. the measured runs, one per ``--concurrent-tables`` setting (``batch.concurrent_tables``), each in a fresh
+   process as a run worker has it and into a Delta root of its own: ``cdc_merge_job`` over all the tables
    (``execute_in_process``, the job's in-process executor, its instance made before), on the warm server.
 
 Every table is checked against the reference fold (row count and checksum). Prints the run's seconds,
@@ -16,7 +17,8 @@ W1 rate taken out), peak RSS of the run (+ the server), the CPU seconds of run, 
 where a table's time goes: the pipeline's stage seconds summed over the tables, the Dagster time around
 them, and with ``--profile`` the run's cProfile (cumulative, the top functions).
 
-    python -m benchmarks.many_tables [--tables 200] [--events 500] [--partitions 3] [--profile]
+    python -m benchmarks.many_tables [--tables 200] [--events 500] [--partitions 3] [--concurrent-tables 1,2]
+                                     [--profile]
 """
 
 from __future__ import annotations
@@ -358,12 +360,17 @@ def main() -> None:
             stop_all()
         for concurrent in args.concurrent_tables:
             verify(work / f"delta-{concurrent}", oracle)
+    print(f"warm-up run ({warm['tables']} tables, cold server): {warm['wall_s']:.1f} s")
     for concurrent, result in measured.items():
         print(f"\n== batch.concurrent_tables: {concurrent} ==")
-        report(result, warm, events, args.tables)
+        report(result, events, args.tables, concurrent)
+    if 1 in measured:
+        print()
+        for concurrent, result in measured.items():
+            print(f"{concurrent} tables at once: {measured[1]['wall_s'] / result['wall_s']:.2f}x the speed of 1")
 
 
-def report(result: dict, warm: dict, events: int, tables: int) -> None:
+def report(result: dict, events: int, tables: int, concurrent: int) -> None:
     wall = result["wall_s"]
     inner = sum(result["table_seconds"])
     events_cost = events / W1_EVENTS_PER_S
@@ -374,12 +381,12 @@ def report(result: dict, warm: dict, events: int, tables: int) -> None:
           f"({events_cost:.1f} s) taken out")
     seconds = result["table_seconds"]
     print(f"a table's first poll to last commit: median {statistics.median(seconds):.3f} s, "
-          f"max {max(seconds):.3f} s, sum {inner:.1f} s; Dagster around them (op, events, checks): "
-          f"{wall - inner:.1f} s ({(wall - inner) / tables:.3f} s a table)")
+          f"max {max(seconds):.3f} s, sum {inner:.1f} s; " + (
+              f"Dagster around them (op, events, checks): {wall - inner:.1f} s ({(wall - inner) / tables:.3f} s a "
+              "table)" if concurrent == 1 else "(tables overlap)"))
     print(f"peak RSS: run {result['peak_rss'] / 2**30:.2f} GiB, + server "
           f"{(result['peak_rss'] + result['server_rss']) / 2**30:.2f} GiB; CPU s: run {result['cpu']['run']:.1f}, "
           f"server {result['cpu']['server']:.1f}, broker {result['cpu']['broker']:.1f}")
-    print(f"warm-up run ({warm['tables']} tables, cold server): {warm['wall_s']:.1f} s")
     print("pipeline stages summed over the tables (seconds, per table):")
     for stage, total in sorted(result["stages"].items(), key=lambda item: -item[1]):
         print(f"  {stage:<26}{total:8.1f}{total / tables:8.3f}")
