@@ -221,6 +221,8 @@ def merge_concurrently(tables: Mapping[AssetKey, CapturedTable], limits: BatchLi
     the tables it merges (a new client per table cost more than a small table's read). The tables cut
     to whole transactions merge one after another in one worker: they share the connector's
     transaction log and watermark."""
+    if not tables:
+        return  # a run of checks alone starts no Spark session
     session = spark.spark_session  # made once, here: the workers share it
     transactional = [key for key, table in tables.items() if table.transaction_log is not None]
     units = collections.deque([[key] for key, table in tables.items() if table.transaction_log is None])

@@ -66,7 +66,7 @@ class RawBatch:
 
 
 class KafkaSource:
-    """Reads bounded batches of topics with one consumer (reused across tables of a run)."""
+    """Reads bounded batches of topics, one topic at a time (a run's worker reuses it across its tables)."""
 
     def __init__(self, settings: Mapping[str, object], retries: int = 3, backoff_s: float = 1.0):
         """``retries``: how often a failed metadata or watermark request is tried again, with
