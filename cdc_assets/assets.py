@@ -247,7 +247,7 @@ def merge_concurrently(tables: Mapping[AssetKey, CapturedTable], limits: BatchLi
                         merged.error = error
                     merges[key].set_result(merged)
 
-    workers = max(1, min(config.concurrent_tables or limits.concurrent_tables, len(units)))
+    workers = min(config.concurrent_tables or limits.concurrent_tables, len(units))
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cdc-merge")
     running = [pool.submit(work) for _ in range(workers)]
     try:
