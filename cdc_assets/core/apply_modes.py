@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc_assets.core.arrow import to_arrow
 from cdc_assets.core.envelope import ERROR_COLUMN, TRUNCATE_OP
 from cdc_assets.core.fold import BadEvent, BatchSummary, fold_batch
 from cdc_assets.core.history import CLOSE_AT_COLUMN, CLOSE_TS_COLUMN, KIND_COLUMN, history_versions, latest_positions
@@ -175,7 +176,7 @@ class Scd2(ApplyMode):
             latest = None
             if versions is not None and versions.num_rows:
                 latest = latest_positions(decoded.sparkSession.createDataFrame(versions), layout.key_columns)
-            return history_versions(keyed, layout, latest).toArrow(), summary
+            return to_arrow(history_versions(keyed, layout, latest)), summary
         finally:
             decoded.unpersist()
 
@@ -213,7 +214,7 @@ class Documents(ApplyMode):
                 if keys.num_rows else None
             base = decoded.sparkSession.createDataFrame(current) if current is not None and current.num_rows \
                 else None
-            folded = fold_documents(decoded, layout, base).toArrow()
+            folded = to_arrow(fold_documents(decoded, layout, base))
         finally:
             decoded.unpersist()
         orphans = [BadEvent(o["offset"], o["partition"], ORPHAN_REASON)
@@ -250,7 +251,7 @@ def apply_mode(name: str, kind: str = "") -> ApplyMode:
 
 def _good_keys(decoded: DataFrame, layout: ChangeEventLayout) -> pa.Table:
     """The distinct keys of a batch's good events, as Arrow."""
-    return decoded.where(F.col(ERROR_COLUMN).isNull()).select(*layout.key_columns).distinct().toArrow()
+    return to_arrow(decoded.where(F.col(ERROR_COLUMN).isNull()).select(*layout.key_columns).distinct())
 
 
 def keep_unavailable(rows: pa.Table, summary: BatchSummary, key_columns: Sequence[str], stored: StoredRows,

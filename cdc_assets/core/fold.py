@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from cdc_assets.core.arrow import to_arrow
 from cdc_assets.core.envelope import ERROR_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, SNAPSHOT_COLUMN, TRUNCATE_OP
 from cdc_assets.core.layout import (
     OP_COLUMN,
@@ -152,7 +153,7 @@ def truncate_events(events: DataFrame) -> tuple[BadEvent, ...]:
 
 def fold_batch(events: DataFrame, layout: ChangeEventLayout) -> tuple[pa.Table, BatchSummary]:
     """The rows to MERGE (keys with a good event, as Arrow) and the batch summary of decoded ``events``."""
-    folded = fold_events(events, layout).toArrow()
+    folded = to_arrow(fold_events(events, layout))
 
     def total(name: str) -> int:
         return int(pc.sum(folded[name]).as_py() or 0)

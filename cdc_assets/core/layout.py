@@ -223,14 +223,15 @@ def derive_layout(
     # Every distinct value schema in the sample, newest first: a column added or dropped within the
     # batch is kept either way.
     row_type, logical_types = T.StructType([]), dict[str, ColumnType]()
-    seen: set[str] = set()
+    # Compared as parsed (a deep comparison in C): a batch's sample holds one or two distinct schemas,
+    # and serializing each value's schema to compare it cost more than parsing the values.
+    seen: list[Mapping[str, Any]] = []
     for value in reversed(values):
         schema, _ = unwrap(value)
         if schema is not None:
-            fingerprint = json.dumps(schema, sort_keys=True)
-            if fingerprint in seen:
+            if schema in seen:
                 continue
-            seen.add(fingerprint)
+            seen.append(schema)
             sample_type, sample_logical = row_type_from_envelope_schema(schema)
             row_type = merge_row_types(row_type, sample_type)
             logical_types = {**sample_logical, **logical_types}

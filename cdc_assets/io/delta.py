@@ -37,6 +37,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from cdc_assets.core.apply_modes import HELPER_PREFIX, ApplyMode, Clause, MergePlan
+from cdc_assets.core.arrow import to_arrow
 from cdc_assets.core.layout import CURRENT_COLUMN
 from cdc_assets.io.spark import has_delta, is_local
 
@@ -466,8 +467,8 @@ class DeltaSparkWriter:
         if self._history(target, 1) is None:
             return None
         wanted = self._spark.createDataFrame(keys)
-        return (self._spark.read.format("delta").load(target.path).join(wanted, keys.column_names, "left_semi")
-                .select(*[quote_spark(name) for name in columns]).toArrow())
+        stored = self._spark.read.format("delta").load(target.path).join(wanted, keys.column_names, "left_semi")
+        return to_arrow(stored.select(*[quote_spark(name) for name in columns]))
 
     def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
         table = self._table_ref(target)

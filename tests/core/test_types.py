@@ -6,9 +6,11 @@ import json
 from decimal import Decimal
 
 import pytest
+from pyspark.sql import functions as F
 
 from cdc_assets.core import decode_change_events, derive_layout
 from cdc_assets.core.layout import LayoutError
+from cdc_assets.core.types import convert
 
 
 def unscaled_bytes(value: int) -> str:
@@ -218,3 +220,26 @@ def test_a_wide_table_s_bad_events_are_listed_without_rewriting_the_decode_into_
     assert parses(events.where(F.col(ERROR_COLUMN).isNotNull())) == parses(events) <= 8 * 4 + 4
     [bad] = bad_events(events)
     assert bad.reason.startswith("column 'v7' value does not fit type decimal(38,18) exactly")
+
+
+def analyzed_plan(frame, capsys) -> str:
+    capsys.readouterr()
+    frame.explain(extended=True)
+    return capsys.readouterr().out.split("== Analyzed Logical Plan ==")[1].split("== Optimized Logical Plan ==")[0]
+
+
+def test_the_decode_spells_out_the_row_image_and_each_conversion_once(hand_over, spark, capsys):
+    # A batch query's analysis and optimization grow with its expressions and were most of a small table's Spark
+    # time (docs/performance.md, W2): the image the columns are read from, and each column's conversion (a
+    # decimal's names its bytes dozens of times), are named once and referred to by the value, its "does not
+    # fit" test and the key, not spelt out at every use.
+    fields = [{"type": "int32", "field": "id"}, decimal_field("amount", 2, 12)]
+    value = wrapped(fields, {"id": 1, "amount": decimal_value(Decimal("-1.50"), 2)})
+    layout = derive_layout("postgresql", [b'{"id": 1}'], [value])
+    decoded = decode_change_events(hand_over([(b'{"id": 1}', value)], layout), layout)
+    assert decoded.first()["amount"] == Decimal("-1.50")
+    plan = analyzed_plan(decoded, capsys)
+    alone = analyzed_plan(spark.createDataFrame([("/2I=",)], "amount string").select(
+        convert(F.col("amount"), layout.column_type("amount")).alias("amount")), capsys)
+    assert plan.count("unbase64(") == alone.count("unbase64(") > 0, (plan.count("unbase64("), alone.count("unbase64("))
+    assert plan.count("THEN _env_before") == 1, plan
