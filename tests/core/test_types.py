@@ -199,8 +199,6 @@ def test_a_wide_table_s_bad_events_are_listed_without_rewriting_the_decode_into_
     # down through the decode, spelling out the error's every column conversion, each naming its JSON
     # text and the envelope's fields, each a from_json of the whole envelope in the exact hand-over:
     # a 30-column table's bad-events pass held tens of thousands of JSON parses and ran for minutes.
-    from pyspark.sql import functions as F
-
     from cdc_assets.core.envelope import ERROR_COLUMN
     from cdc_assets.core.fold import bad_events
 
