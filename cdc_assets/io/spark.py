@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -178,6 +180,7 @@ def spark_records(spark: SparkSession, records: pa.Table, value_type: T.StructTy
 
 def parsed_in_spark(spark: SparkSession, records: pa.Table, value_type: T.StructType) -> DataFrame:
     """``spark_records`` for any session: ``createDataFrame`` of the records, then ``from_json``."""
+    records = records.set_column(records.schema.get_field_index("value"), "value", without_schemas(records["value"]))
     frame = spark.createDataFrame(records).select(
         "partition", "offset", F.col("key").cast("string").alias("key"), F.col("value").cast("string").alias(_TEXT))
     return _parsed(frame, value_type).select("partition", "offset", "key", F.col(_PARSED).alias("value"))
@@ -272,10 +275,48 @@ def _json_string(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.if_else(pc.is_null(column), _text("null"), quoted) if column.null_count else quoted
 
 
+# A JSON-converter value with ``schemas.enable=true`` up to its schema: ``{"schema":`` (JSON's whitespace allowed).
+_SCHEMA_OPENING = re.compile(rb'[ \t\n\r]*\{[ \t\n\r]*"schema"[ \t\n\r]*:[ \t\n\r]*')
+# What follows the schema in such a value: ``, "payload":``.
+_PAYLOAD_MEMBER = re.compile(rb'[ \t\n\r]*,[ \t\n\r]*"payload"[ \t\n\r]*:')
+_PAYLOAD_OPENING = b'{"payload":'
+
+
+def schema_prefix(value: bytes) -> bytes | None:
+    """The bytes of a JSON-converter value before its payload, ``{"schema": <schema>, "payload":``, or
+    None if ``value`` does not start so."""
+    opening = _SCHEMA_OPENING.match(value)
+    if opening is None:
+        return None
+    try:  # Latin-1 maps byte i to character i: the schema's end in characters is its end in bytes.
+        _, end = json.JSONDecoder().raw_decode(value.decode("latin-1"), opening.end())
+    except ValueError:
+        return None
+    member = _PAYLOAD_MEMBER.match(value, end)
+    return value[:member.end()] if member else None
+
+
+def without_schemas(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``values`` with the Kafka Connect schema of every JSON-converter value dropped: ``{"schema": S,
+    "payload": P}`` becomes ``{"payload": P}``. The reader's type (``core.envelope.value_type``) never
+    reads the schema, which is most of a value's bytes (five sixths of W2's), and every byte handed
+    over is written, read and tokenized. Values that start with the first or the last value's schema
+    lose it (a batch holds one or two schemas: a schema change falls between them); others pass as
+    they are."""
+    ends = [values[i].as_py() for i in (0, len(values) - 1)] if len(values) else []
+    prefixes = {prefix for value in ends if value and (prefix := schema_prefix(value))}
+    longest = pc.max(pc.binary_length(values)).as_py() if prefixes else 0
+    for prefix in prefixes:
+        # An explicit end: pyarrow's binary_slice sizes its output from it (and fails on a huge one).
+        payloads = pc.binary_join_element_wise(_PAYLOAD_OPENING, pc.binary_slice(values, len(prefix), longest), b"")
+        values = pc.if_else(pc.starts_with(values, prefix), payloads, values)
+    return values
+
+
 def _json_lines(records: pa.Table) -> pa.ChunkedArray:
     """One line per record, ``{"p":..,"o":..,"k":"key","v":value}``, each ending in the separator: in
     the records' chunks, which ``_write_parts`` writes as they are (no copy of the batch into one)."""
-    value = _utf8(records["value"])
+    value = _utf8(without_schemas(records["value"]))
     if _has_byte(value, lambda data: data == _SEPARATOR_BYTE):
         value = pc.replace_substring(value, RECORD_SEPARATOR, "\x1f")  # still a raw control character: still bad
     value = pc.fill_null(value, _text("null"))

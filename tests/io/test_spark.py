@@ -14,6 +14,7 @@ from cdc_assets.io.spark import (
     parsed_in_spark,
     spark_config,
     spark_records,
+    without_schemas,
 )
 
 VALUE_TYPE = T.StructType([T.StructField("payload", T.StructType([T.StructField("op", T.StringType())])),
@@ -93,6 +94,44 @@ def test_the_inexact_hand_over_differs_only_in_lines_the_reader_cannot_read(spar
     assert exact["value"][12].as_py()["op"] == "c"
     assert [row for i, row in enumerate(fast.to_pylist()) if i not in unread] == [
         row for i, row in enumerate(exact.to_pylist()) if i not in unread]
+
+
+# JSON-converter values (schemas.enable=true): the schema is most of their bytes, and the reader never reads it.
+SCHEMA_A = b'{"type": "struct", "name": "a,\\"payload\\":", "fields": [{"field": "payload", "type": "string"}]}'
+SCHEMA_B = b'{"type":"struct","name":"b","fields":[{"field":"op","type":"string"},{"field":"x","type":"int32"}]}'
+WITH_SCHEMAS = [
+    (b'{"id": 1}', b'{"schema": ' + SCHEMA_A + b', "payload": {"op": "c", "after": {"name": "a"}}}'),
+    (b'{"id": 2}', b' {\n "schema" : ' + SCHEMA_A + b' ,\n "payload" : {"op": "u"}}'),  # another spelling: kept
+    (b'{"id": 3}', b'{"op": "r", "after": {"name": "no schema"}}'),
+    (b'{"id": 4}', b'{"schema": ' + SCHEMA_A + b', "payload": {"op": "c", "after": {"name": 5'),  # cut short: bad
+    (b'{"id": 5}', b'{"schema": {"type": "struct"}, "payload": {"op": "d"}}'),  # a third schema: kept
+    (b'{"id": 6}', b'{"schema":' + SCHEMA_B + b',"payload":{"op":"u","after":{"name":"b"}}}'),
+]
+
+
+def test_without_schemas_drops_the_schemas_of_the_first_and_last_values():
+    values = records_table(WITH_SCHEMAS)["value"]
+    assert without_schemas(values).to_pylist() == [
+        b'{"payload": {"op": "c", "after": {"name": "a"}}}',
+        WITH_SCHEMAS[1][1],
+        WITH_SCHEMAS[2][1],
+        b'{"payload": {"op": "c", "after": {"name": 5',
+        WITH_SCHEMAS[4][1],
+        b'{"payload":{"op":"u","after":{"name":"b"}}}',
+    ]
+    plain = records_table(AWKWARD)["value"]  # no value starts with a schema: nothing changes
+    assert without_schemas(plain).to_pylist() == plain.to_pylist()
+
+
+def test_values_are_handed_over_without_their_schemas(spark, tmp_path):
+    records = records_table(WITH_SCHEMAS)
+    from_files = parsed_from_files(spark, records, VALUE_TYPE, tmp_path).toArrow().sort_by("offset").to_pylist()
+    handed_over = b"".join(path.read_bytes() for path in tmp_path.iterdir())
+    assert SCHEMA_A not in handed_over.replace(WITH_SCHEMAS[1][1], b"") and SCHEMA_B not in handed_over
+    assert from_files == parsed_in_spark(spark, records, VALUE_TYPE).toArrow().sort_by("offset").to_pylist()
+    assert [row["value"] and row["value"]["payload"] for row in from_files] == [
+        {"op": "c"}, {"op": "u"}, None, None, {"op": "d"}, {"op": "u"}]
+    assert from_files[2]["value"]["after"] == {"name": "no schema"}
 
 
 def test_spark_records_splits_a_batch_across_the_cores(spark):
