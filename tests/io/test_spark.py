@@ -119,7 +119,7 @@ def test_without_schemas_drops_the_schemas_of_the_first_and_last_values():
         WITH_SCHEMAS[4][1],
         b'{"payload":{"op":"u","after":{"name":"b"}}}',
     ]
-    plain = records_table(AWKWARD)["value"]  # no value starts with a schema: nothing changes
+    plain = records_table(AWKWARD)["value"]  # neither its first nor its last value has a schema: nothing changes
     assert without_schemas(plain).to_pylist() == plain.to_pylist()
 
 
