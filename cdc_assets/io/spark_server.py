@@ -270,6 +270,8 @@ def _spark_submit() -> Path:
 
 def _die_with_parent() -> None:
     """In the JVM's process, before it runs: SIGTERM it when the supervisor dies, however it dies."""
+    # A JVM that starts with SIGTERM ignored (inherited: CI found one) keeps ignoring it, and outlives us.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
 

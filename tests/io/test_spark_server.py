@@ -59,7 +59,12 @@ def test_an_idle_server_stops_itself_and_a_gone_one_is_replaced():
     assert not list(server_dir().glob(f"session-{port}-*.lock")), "a stopped server's session slots should go"
 
     # The next session starts a new server; one killed under it is replaced by the next ensure.
-    second = connect(ensure_local_server(settings, idle_timeout_s=600))
+    # Started by a process that ignores SIGTERM, which the server inherits: its JVM must not.
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        second = connect(ensure_local_server(settings, idle_timeout_s=600))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     assert second.range(3).count() == 3
     replaced = _server(settings)["pid"]
     assert replaced != pid
