@@ -282,7 +282,7 @@ _PAYLOAD_MEMBER = re.compile(rb'[ \t\n\r]*,[ \t\n\r]*"payload"[ \t\n\r]*:')
 _PAYLOAD_OPENING = b'{"payload":'
 
 
-def schema_prefix(value: bytes) -> bytes | None:
+def _schema_prefix(value: bytes) -> bytes | None:
     """The bytes of a JSON-converter value before its payload, ``{"schema": <schema>, "payload":``, or
     None if ``value`` does not start so."""
     opening = _SCHEMA_OPENING.match(value)
@@ -304,7 +304,7 @@ def without_schemas(values: pa.ChunkedArray) -> pa.ChunkedArray:
     lose it (a batch holds one or two schemas: a schema change falls between them); others pass as
     they are."""
     ends = [values[i].as_py() for i in (0, len(values) - 1)] if len(values) else []
-    prefixes = {prefix for value in ends if value and (prefix := schema_prefix(value))}
+    prefixes = {prefix for value in ends if value and (prefix := _schema_prefix(value))}
     longest = pc.max(pc.binary_length(values)).as_py() if prefixes else 0
     for prefix in prefixes:
         # An explicit end: pyarrow's binary_slice sizes its output from it (and fails on a huge one).
