@@ -5,8 +5,10 @@ each) with ``--events`` Debezium events per table (JSON converter with schemas: 
 creates, updates and deletes each followed by a tombstone; columns bigint, text, double, boolean,
 decimal(12,2), timestamp, date), waits until the broker is idle, then:
 
-1. warms the local Spark server: a ``cdc_merge_job`` run over the first ``--warm-tables`` tables into a
-   Delta root of its own (it starts the server; reported apart);
+1. warms the local Spark server: a ``cdc_merge_job`` run over the first ``--warm-tables`` tables (default:
+   all) into a Delta root of its own (it starts the server; reported apart). A server that has served
+   runs for a while has its decode and fold compiled by the JVM's JIT: after a 10-table warm-up the
+   measured run still paid for that, about twice the server's CPU of a warm one (docs/performance.md);
 2. the measured runs, one per ``--concurrent-tables`` setting (``batch.concurrent_tables``), each in a fresh
    process as a run worker has it and into a Delta root of its own: ``cdc_merge_job`` over all the tables
    (``execute_in_process``, the job's in-process executor, its instance made before), on the warm server.
@@ -328,7 +330,8 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=200)
     parser.add_argument("--events", type=int, default=500, help="events per table (tombstones not counted)")
     parser.add_argument("--partitions", type=int, default=3)
-    parser.add_argument("--warm-tables", type=int, default=10, help="tables of the warm-up run that starts the server")
+    parser.add_argument("--warm-tables", type=int, default=None,
+                        help="tables of the warm-up run that starts the server (default: all)")
     parser.add_argument("--writer", default="delta-rs", choices=("delta-rs", "delta-spark"))
     parser.add_argument("--profile", action="store_true", help="run the measured run under cProfile")
     parser.add_argument("--concurrent-tables", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2],
@@ -348,9 +351,10 @@ def main() -> None:
         print(f"W2: {args.tables} tables x {args.events} events ({events:,} events, {args.partitions} partitions "
               f"each), writer {args.writer}; produced in {time.perf_counter() - started:.1f} s", flush=True)
         try:
-            warm = run_child(write_config(work, broker.bootstrap_servers, min(args.warm_tables, args.tables),
-                                          work / "delta-warm", args.writer), broker, False,
-                             f"warm-up ({min(args.warm_tables, args.tables)} tables, starts the server)")
+            warm_tables = min(args.warm_tables or args.tables, args.tables)
+            warm = run_child(write_config(work, broker.bootstrap_servers, warm_tables, work / "delta-warm",
+                                          args.writer), broker, False,
+                             f"warm-up ({warm_tables} tables, starts the server)")
             measured = {
                 concurrent: run_child(write_config(work, broker.bootstrap_servers, args.tables,
                                                    work / f"delta-{concurrent}", args.writer, concurrent),

@@ -169,6 +169,7 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
         merges = merge_concurrently(chosen, limits, peers, config, spark, kafka, delta)
         failures: list[tuple[CapturedTable, Exception]] = []
         for key, table in by_key.items():  # in config order, each as soon as its merge (and those before) ended
+            materialized = None
             if key in chosen:
                 merged = next(merges)
                 for line in merged.log:
@@ -177,10 +178,11 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                     context.log.error(f"{table.topic}: merge failed: {merged.error}")
                     failures.append((table, merged.error))
                     continue  # its checks are not evaluated, as when its own op failed
-                assert merged.result is not None
-                yield merged.result
+                materialized = merged.result
+                assert materialized is not None
+                yield materialized
             if checks.get(key):
-                yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark)
+                yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, materialized)
         if len(failures) == 1:
             raise failures[0][1]
         if failures:

@@ -23,6 +23,8 @@ from dagster import (
     AssetCheckSpec,
     AssetKey,
     DagsterInstance,
+    MaterializeResult,
+    MetadataValue,
     multi_asset_check,
 )
 from deltalake import DeltaTable
@@ -108,8 +110,11 @@ def freshness_check_spec(table: CapturedTable, key: AssetKey) -> AssetCheckSpec:
 
 
 def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str], instance: DagsterInstance,
-                          delta: DeltaResource, spark: SparkResource) -> Iterator[AssetCheckResult]:
-    """The results of the ``selected`` checks (names) of ``table`` among ``table_check_specs``."""
+                          delta: DeltaResource, spark: SparkResource,
+                          materialized: MaterializeResult | None = None) -> Iterator[AssetCheckResult]:
+    """The results of the ``selected`` checks (names) of ``table`` among ``table_check_specs``;
+    ``materialized``: the table's materialization in this step, if it merged (else its latest is read
+    from ``instance``)."""
     if selected & set(KEY_CHECKS):
         # One scan of the keys serves both checks.
         report = _key_report(table, delta, spark)
@@ -123,8 +128,11 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
                 asset_key=key, check_name="no_null_keys", passed=report is None or report.null_keys == 0,
                 metadata={"rows": 0, "note": "no batch applied yet"} if report is None else
                 {"null_keys": report.null_keys})
-    last: dict[str, Any] = {}  # the metadata of the table's latest materialization (this step's, if it merged)
-    if selected & {"capture_lag", "transactions_reconciled"}:
+    last: dict[str, Any] = {}  # the metadata of the table's latest materialization
+    if materialized is not None:  # this step's: no read of the event log
+        last = {name: value.value if isinstance(value, MetadataValue) else value
+                for name, value in (materialized.metadata or {}).items()}
+    elif selected & {"capture_lag", "transactions_reconciled"}:
         event = instance.get_latest_materialization_event(key)
         if event is not None and event.asset_materialization is not None:
             last = {name: value.value for name, value in event.asset_materialization.metadata.items()}

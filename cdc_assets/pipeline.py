@@ -45,7 +45,7 @@ from cdc_assets.core.types import placeholder_needles
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
 from cdc_assets.io.kafka_source import KafkaSource, RawBatch
-from cdc_assets.io.spark import is_local, spark_records
+from cdc_assets.io.spark import is_local, spark_records, without_schemas
 from cdc_assets.io.transactions import ingest_transactions, table_horizon
 
 _SAMPLE = 100
@@ -381,8 +381,11 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
 
     samples = (_sample(events["key"]), _sample(events["value"]))
     layout = _derive_layout(table, raw, samples, existing, progress.key_columns if progress else ())
+    # Searched and handed over without their schemas (a sixth of the bytes); ``events`` keep every byte for
+    # dead letters and error messages.
+    handed = events.set_column(events.schema.get_field_index("value"), "value", without_schemas(events["value"]))
     # Decoded and folded without the placeholder's tests when no value of the batch can hold it.
-    read_as = layout if _may_hold_placeholder(layout, events["value"]) else replace(layout, placeholder=None)
+    read_as = layout if _may_hold_placeholder(layout, handed["value"]) else replace(layout, placeholder=None)
     commit = replace(commit, key_columns=layout.key_columns)
     # The local hand-over first reads a batch without its fallback for unreadable lines (less Spark CPU
     # a batch); a batch with any bad event is read again, exactly, so that bad events get the exact
@@ -390,7 +393,7 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
     exact = table.transaction_log is not None or not is_local(spark)
     with contextlib.ExitStack() as scratch:
         mark = time.perf_counter()
-        frame = scratch.enter_context(spark_records(spark, events, value_type(read_as), exact))
+        frame = scratch.enter_context(spark_records(spark, handed, value_type(read_as), exact))
         timings["to_spark_s"] = time.perf_counter() - mark
         mark = time.perf_counter()
         decoded = decode_change_events(frame, read_as)
@@ -408,7 +411,7 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
                              transactions=transactions)
         rows, summary = _fold(writer, table, read_as, decoded)
         if summary.bad_events and not exact:
-            frame = scratch.enter_context(spark_records(spark, events, value_type(read_as), exact=True))
+            frame = scratch.enter_context(spark_records(spark, handed, value_type(read_as), exact=True))
             rows, summary = _fold(writer, table, read_as, decode_change_events(frame, read_as))
         timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
     return _Prepared(raw.without_records(), tombstones, timings, commit, events if summary.bad_events else None,

@@ -34,6 +34,10 @@ _CONSUMER_DEFAULTS = {
     "enable.auto.offset.store": False,
     "auto.offset.reset": "earliest",
     "partition.assignment.strategy": "range",
+    # A fetch at a partition's end waits at most this long: the consumer's next request (the next table's
+    # metadata, its first fetch) queues behind it on the connection. Records below the high watermark a
+    # batch reads up to are answered at once whatever it is.
+    "fetch.wait.max.ms": 10,
 }
 
 
@@ -74,9 +78,8 @@ class KafkaSource:
         self._settings = {**_CONSUMER_DEFAULTS, **settings}
         self._consumer: Consumer | None = None
         self._topic: str | None = None  # what the fetching consumer last read
-        # Metadata and watermarks go through a client of their own: a broker serves one request of a
-        # connection at a time, so behind the fetching consumer's long poll at a partition's end
-        # (``fetch.wait.max.ms``) each of them would wait for it.
+        # Watermarks (and metadata asked outside a read) go through a client of their own: a broker serves
+        # one request of a connection at a time, so each would wait behind the fetching consumer's fetch.
         self._lookup: Consumer | None = None
         self._retries, self._backoff_s = retries, backoff_s
         # The partitions assigned (fetching), each with the offset it was assigned at.
@@ -108,13 +111,11 @@ class KafkaSource:
         return self._consumer
 
     def _client_for(self, topic: str) -> Consumer:
-        """The fetching consumer for a batch of ``topic``: a new one when the last batch read another
-        topic. Reassigned instead, the consumer's first fetch of the new partitions waited behind the
-        broker's long poll of the old ones (``fetch.wait.max.ms``), in every table of a run."""
+        """The fetching consumer for a batch of ``topic``, nothing of another topic assigned. One consumer
+        serves every topic a source reads: a new one per topic waited ~50 ms for its connection to the
+        partitions' leader before its first fetch (more with TLS and SASL), in every table of a run."""
         if self._consumer is not None and self._topic not in (None, topic):
-            self._consumer.close()
-            self._consumer = None
-            self._assigned_at.clear()
+            self._unassign_all(self._consumer)
         self._topic = topic
         return self._client()
 
@@ -137,9 +138,9 @@ class KafkaSource:
         self._settle()
         return self._partitions(topic, timeout_s)
 
-    def _partitions(self, topic: str, timeout_s: float = 5.0) -> list[int]:
+    def _partitions(self, topic: str, timeout_s: float = 5.0, client: Consumer | None = None) -> list[int]:
         def fetch() -> list[int]:
-            metadata = self._metadata().list_topics(topic, timeout=timeout_s)
+            metadata = (client or self._metadata()).list_topics(topic, timeout=timeout_s)
             topic_metadata = metadata.topics.get(topic)
             if topic_metadata is None or topic_metadata.error is not None or not topic_metadata.partitions:
                 reason = topic_metadata.error if topic_metadata is not None else "not in metadata"
@@ -205,7 +206,9 @@ class KafkaSource:
               poll_timeout_s: float) -> RawBatch:
         started = time.perf_counter()
         consumer = self._client_for(topic)
-        partitions = self._partitions(topic)
+        # Asked by the fetching consumer itself: it learns the partitions' leaders from the answer. Left to
+        # find them on its own, it started fetching a newly assigned topic about a second later.
+        partitions = self._partitions(topic, client=consumer)
         start: dict[int, int] = {}
         high: dict[int, int] = {}
         for partition in partitions:
@@ -236,6 +239,10 @@ class KafkaSource:
             except BaseException:
                 self._unassign_all(consumer)
                 raise
+            if all(end[p] >= high[p] for p in pending):
+                # Caught up: nothing more to fetch for this batch, and a consumer left polling the partitions'
+                # ends would make the next batch's requests (another topic's, most often) queue behind it.
+                self._unassign_all(consumer)
         consumed = time.perf_counter()
         records = pa.Table.from_batches(chunks, schema=RAW_SCHEMA)
         return RawBatch(
@@ -305,7 +312,7 @@ class KafkaSource:
                     raise SourceError(f"{topic}[{message.partition()}]: error while consuming from "
                                       f"{self.bootstrap_servers}: {error}")
                 read_from, offset = message.partition(), message.offset()
-                if read_from is None or offset is None or read_from not in end \
+                if read_from is None or offset is None or read_from not in end or message.topic() != topic \
                         or not end[read_from] <= offset < high[read_from]:
                     continue  # past this batch's end: the next batch finds the position moved and seeks
                 key, value = message.key(), message.value()

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -21,6 +19,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+from cdc_assets.core.layout import schema_prefix
 
 DELTA_JARS_ENV_VAR = "CDC_DELTA_SPARK_JARS"
 CLASS_ARCHIVE_ENV_VAR = "CDC_SPARK_CLASS_ARCHIVE"
@@ -275,25 +275,8 @@ def _json_string(column: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.if_else(pc.is_null(column), _text("null"), quoted) if column.null_count else quoted
 
 
-# A JSON-converter value with ``schemas.enable=true`` up to its schema: ``{"schema":`` (JSON's whitespace allowed).
-_SCHEMA_OPENING = re.compile(rb'[ \t\n\r]*\{[ \t\n\r]*"schema"[ \t\n\r]*:[ \t\n\r]*')
-# What follows the schema in such a value: ``, "payload":``.
-_PAYLOAD_MEMBER = re.compile(rb'[ \t\n\r]*,[ \t\n\r]*"payload"[ \t\n\r]*:')
+# A value less its schema (``without_schemas``) opens so.
 _PAYLOAD_OPENING = b'{"payload":'
-
-
-def _schema_prefix(value: bytes) -> bytes | None:
-    """The bytes of a JSON-converter value before its payload, ``{"schema": <schema>, "payload":``, or
-    None if ``value`` does not start so."""
-    opening = _SCHEMA_OPENING.match(value)
-    if opening is None:
-        return None
-    try:  # Latin-1 maps byte i to character i: the schema's end in characters is its end in bytes.
-        _, end = json.JSONDecoder().raw_decode(value.decode("latin-1"), opening.end())
-    except ValueError:
-        return None
-    member = _PAYLOAD_MEMBER.match(value, end)
-    return value[:member.end()] if member else None
 
 
 def without_schemas(values: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -304,7 +287,7 @@ def without_schemas(values: pa.ChunkedArray) -> pa.ChunkedArray:
     lose it (a batch holds one or two schemas: a schema change falls between them); others pass as
     they are."""
     ends = [values[i].as_py() for i in (0, len(values) - 1)] if len(values) else []
-    prefixes = {prefix for value in ends if value and (prefix := _schema_prefix(value))}
+    prefixes = {prefix for value in ends if value and (prefix := schema_prefix(value))}
     longest = pc.max(pc.binary_length(values)).as_py() if prefixes else 0
     for prefix in prefixes:
         # An explicit end: pyarrow's binary_slice sizes its output from it (and fails on a huge one).

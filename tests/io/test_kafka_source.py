@@ -108,6 +108,31 @@ def test_consecutive_batches_reuse_the_assignment_and_lose_nothing(broker, sourc
 
 
 
+def test_one_source_reads_topic_after_topic_each_from_its_own_offsets(broker, source):
+    """The fetching consumer moves from topic to topic (as a run's worker does over its tables): every
+    batch holds exactly its topic's records from its start, never the last topic's, nor records it
+    fetched ahead of a batch cut short."""
+    first_topic, second_topic = new_topic(broker, "src.turns.a", partitions=2), new_topic(broker, "src.turns.b",
+                                                                                        partitions=2)
+    for partition in range(2):
+        produce(broker, first_topic, records(30, f"a{partition}-"), partition=partition)
+        produce(broker, second_topic, records(4, f"b{partition}-"), partition=partition)
+
+    def values(batch):
+        return sorted(v.decode() for v in batch.records["value"].to_pylist())
+
+    cut = source.read_batch(first_topic, None, max_records=20, max_bytes=10**9, poll_timeout_s=10)
+    assert not cut.caught_up and cut.records.num_rows == 20
+    whole = source.read_batch(second_topic, None, max_records=1000, max_bytes=10**9, poll_timeout_s=10)
+    assert values(whole) == sorted(f"b{p}-{i}" for p in range(2) for i in range(4)) and whole.caught_up
+    rest = source.read_batch(first_topic, cut.end_offsets, max_records=1000, max_bytes=10**9, poll_timeout_s=10)
+    assert sorted(values(cut) + values(rest)) == sorted(f"a{p}-{i}" for p in range(2) for i in range(30))
+    assert rest.caught_up
+    produce(broker, second_topic, records(2, "c"), partition=1)
+    new = source.read_batch(second_topic, whole.end_offsets, max_records=1000, max_bytes=10**9, poll_timeout_s=10)
+    assert values(new) == ["c0", "c1"]
+
+
 def test_a_batch_read_ahead_is_taken_only_where_it_starts(broker, source):
     """The next batch is read while this one is applied; a batch asked from anywhere else (this one
     failed, say) is read anew, and other calls wait for the read ahead first."""
