@@ -155,8 +155,9 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=50, help="tables (topics) of the connector")
     parser.add_argument("--rate", type=int, default=5000, help="events per second, over all tables")
     parser.add_argument("--seconds", type=float, default=600)
-    parser.add_argument("--drain-seconds", type=float, default=120,
-                        help="after production stops, how long runs may take to catch up")
+    parser.add_argument("--drain-seconds", type=float, default=300,
+                        help="after production stops, how long runs may take to catch up (a run that started "
+                             "before then and ends after it has left what arrived meanwhile waiting)")
     parser.add_argument("--partitions", type=int, default=3, help="partitions per topic")
     parser.add_argument("--max-records", type=int, default=100_000)
     parser.add_argument("--runs-in", choices=("fresh", "same"), default="fresh",
