@@ -129,13 +129,14 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
                 metadata={"rows": 0, "note": "no batch applied yet"} if report is None else
                 {"null_keys": report.null_keys})
     last: dict[str, Any] = {}  # the metadata of the table's latest materialization
-    if materialized is not None:  # this step's: no read of the event log
-        last = {name: value.value if isinstance(value, MetadataValue) else value
-                for name, value in (materialized.metadata or {}).items()}
-    elif selected & {"capture_lag", "transactions_reconciled"}:
-        event = instance.get_latest_materialization_event(key)
-        if event is not None and event.asset_materialization is not None:
-            last = {name: value.value for name, value in event.asset_materialization.metadata.items()}
+    if selected & {"capture_lag", "transactions_reconciled"}:
+        if materialized is not None:  # this step's: no read of the event log
+            last = {name: value.value if isinstance(value, MetadataValue) else value
+                    for name, value in (materialized.metadata or {}).items()}
+        else:
+            event = instance.get_latest_materialization_event(key)
+            if event is not None and event.asset_materialization is not None:
+                last = {name: value.value for name, value in event.asset_materialization.metadata.items()}
     if "capture_lag" in selected:
         yield _capture_lag(table, key, last)
     if "no_dead_letters" in selected:

@@ -239,13 +239,9 @@ class KafkaSource:
             except BaseException:
                 self._unassign_all(consumer)
                 raise
-            if all(end[p] >= high[p] for p in pending):
-                # Caught up: nothing more to fetch for this batch, and a consumer left polling the partitions'
-                # ends would make the next batch's requests (another topic's, most often) queue behind it.
-                self._unassign_all(consumer)
         consumed = time.perf_counter()
         records = pa.Table.from_batches(chunks, schema=RAW_SCHEMA)
-        return RawBatch(
+        batch = RawBatch(
             topic=topic,
             records=records,
             start_offsets=start,
@@ -255,6 +251,11 @@ class KafkaSource:
             bytes_read=size,
             timings={"consume_s": consumed - started, "to_arrow_s": time.perf_counter() - consumed},
         )
+        if pending and batch.caught_up:
+            # Nothing more to fetch for this batch, and a consumer left polling the partitions' ends would
+            # make the next batch's requests (another topic's, most often) queue behind it.
+            self._unassign_all(consumer)
+        return batch
 
     def _position_at(self, consumer: Consumer, topic: str, start: Mapping[int, int], pending: list[int]) -> None:
         """Make the consumer hand out the ``pending`` partitions' records from ``start``.
