@@ -30,7 +30,7 @@ from pyspark.sql.types import StructType
 
 from cdc_assets.api import apply_pending
 from cdc_assets.catalog import CapturedTable
-from cdc_assets.checks import evaluate_table_checks, table_check_specs
+from cdc_assets.checks import RunReads, evaluate_table_checks, table_check_specs
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka_source import KafkaSource
@@ -167,13 +167,15 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
             checks.setdefault(check_key.asset_key, set()).add(check_key.name)
         chosen = {key: table for key, table in by_key.items() if key in selected}
         merges = merge_concurrently(chosen, limits, peers, config, spark, kafka, delta)
+        reads = RunReads(delta)
         failures: list[tuple[CapturedTable, Exception]] = []
         for key, table in by_key.items():  # in config order, each as soon as its merge (and those before) ended
             materialized = None
             if key in chosen:
                 merged = next(merges)
-                for line in merged.log:
-                    context.log.info(line)
+                if len(merged.log) > 1:  # a line per batch; one batch's is its materialization's metadata
+                    for line in merged.log:
+                        context.log.info(line)
                 if merged.error is not None:  # the other tables go on; the op fails after them
                     context.log.error(f"{table.topic}: merge failed: {merged.error}")
                     failures.append((table, merged.error))
@@ -182,7 +184,8 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                 assert materialized is not None
                 yield materialized
             if checks.get(key):
-                yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, materialized)
+                yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
+                                                 materialized)
         if len(failures) == 1:
             raise failures[0][1]
         if failures:

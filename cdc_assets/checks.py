@@ -9,6 +9,7 @@ load in minutes): the checks that look at what a merge left are check specs of t
 op (``cdc_assets.assets``), evaluated there after each table's merge or on their own when only they are
 selected; the live ``freshness`` checks are one subsettable check op per connector."""
 
+import functools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
@@ -31,8 +32,8 @@ from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.io.delta import DeltaRsWriter, KeyReport
-from cdc_assets.io.freshness import TableFreshness, freshness_verdict, last_heartbeat, table_freshness
-from cdc_assets.io.registry import read_registry
+from cdc_assets.io.freshness import TableFreshness, TopicProbe, freshness_verdict
+from cdc_assets.io.registry import RegistryEntry, read_registry
 from cdc_assets.io.transactions import latest_watermark
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator
@@ -50,12 +51,12 @@ def _key_report(table: CapturedTable, delta: DeltaResource, spark: SparkResource
 FRESHNESS_CHECK = "freshness"
 
 
-def live_freshness(table: CapturedTable, kafka_settings: dict[str, Any]) -> tuple[TableFreshness, datetime | None]:
+def live_freshness(table: CapturedTable, probe: TopicProbe) -> tuple[TableFreshness, datetime | None]:
     """The table's topic against the offsets its Delta table committed, and the connector's newest
     heartbeat (looked up only for a connector that sends them)."""
     progress = DeltaRsWriter().read_progress(table.target, table.app_id)  # the Delta log alone: no Spark
-    state = table_freshness(kafka_settings, table.topic, progress.offsets if progress else None)
-    heartbeat = last_heartbeat(kafka_settings, table.topic_prefix) if table.max_heartbeat_age_s else None
+    state = probe.table_freshness(table.topic, progress.offsets if progress else None)
+    heartbeat = probe.last_heartbeat(table.topic_prefix) if table.max_heartbeat_age_s else None
     return state, heartbeat
 
 
@@ -109,12 +110,25 @@ def freshness_check_spec(table: CapturedTable, key: AssetKey) -> AssetCheckSpec:
         f"{table.max_capture_lag_s:.0f}s{heartbeat_rule}."))
 
 
+class RunReads:
+    """What the checks of one op run read once for all its tables: the schema registry (read per table,
+    a run's checks grew with the square of the connector's tables: every read parses every entry)."""
+
+    def __init__(self, delta: DeltaResource):
+        self._delta = delta
+
+    @functools.cached_property
+    def registry(self) -> dict[tuple[str, str], RegistryEntry]:
+        """The latest registry entry per (connector, table), as the run's first check found it."""
+        return read_registry(self._delta.registry_path, self._delta.storage_options)
+
+
 def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str], instance: DagsterInstance,
-                          delta: DeltaResource, spark: SparkResource,
+                          delta: DeltaResource, spark: SparkResource, reads: RunReads,
                           materialized: MaterializeResult | None = None) -> Iterator[AssetCheckResult]:
     """The results of the ``selected`` checks (names) of ``table`` among ``table_check_specs``;
-    ``materialized``: the table's materialization in this step, if it merged (else its latest is read
-    from ``instance``)."""
+    ``reads``: the op run's shared reads; ``materialized``: the table's materialization in this step, if
+    it merged (else its latest is read from ``instance``)."""
     if selected & set(KEY_CHECKS):
         # One scan of the keys serves both checks.
         report = _key_report(table, delta, spark)
@@ -142,7 +156,7 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
     if "no_dead_letters" in selected:
         yield _no_dead_letters(table, key)
     if "schema_matches_source" in selected:
-        yield _schema_matches_source(table, key, delta, spark)
+        yield _schema_matches_source(table, key, delta, spark, reads.registry.get((table.connector, table.name)))
     if "transactions_reconciled" in selected and table.transaction_log is not None:
         yield _transactions_reconciled(table, key, last)
     if "consistent_watermark_fresh" in selected and table.transaction_log is not None:
@@ -169,9 +183,8 @@ def _no_dead_letters(table: CapturedTable, key: AssetKey) -> AssetCheckResult:
                             severity=AssetCheckSeverity.WARN, metadata={"dead_lettered_events": count})
 
 
-def _schema_matches_source(table: CapturedTable, key: AssetKey, delta: DeltaResource,
-                           spark: SparkResource) -> AssetCheckResult:
-    entry = read_registry(delta.registry_path, delta.storage_options).get((table.connector, table.name))
+def _schema_matches_source(table: CapturedTable, key: AssetKey, delta: DeltaResource, spark: SparkResource,
+                           entry: RegistryEntry | None) -> AssetCheckResult:
     if entry is None:
         return AssetCheckResult(asset_key=key, check_name="schema_matches_source", passed=True,
                                 metadata={"note": "no schema-change event announced this table"})
@@ -216,14 +229,14 @@ def build_freshness_checks(name: str, tables: Sequence[CapturedTable],
     @multi_asset_check(name=name, specs=[freshness_check_spec(table, key) for key, table in by_key.items()],
                        can_subset=True)
     def freshness(context: AssetCheckExecutionContext, kafka: KafkaResource) -> Iterator[AssetCheckResult]:
-        settings = kafka.client_settings()
-        for check_key in context.selected_asset_check_keys:
-            table = by_key[check_key.asset_key]
-            state, heartbeat = live_freshness(table, settings)
-            verdict = freshness_verdict(state, table.max_capture_lag_s, heartbeat, table.max_heartbeat_age_s)
-            yield AssetCheckResult(
-                asset_key=check_key.asset_key, check_name=FRESHNESS_CHECK, passed=verdict.passed,
-                description=verdict.reason,
-                metadata={**freshness_metadata(state, heartbeat), "bound_s": table.max_capture_lag_s})
+        with TopicProbe(kafka.client_settings()) as probe:
+            for check_key in context.selected_asset_check_keys:
+                table = by_key[check_key.asset_key]
+                state, heartbeat = live_freshness(table, probe)
+                verdict = freshness_verdict(state, table.max_capture_lag_s, heartbeat, table.max_heartbeat_age_s)
+                yield AssetCheckResult(
+                    asset_key=check_key.asset_key, check_name=FRESHNESS_CHECK, passed=verdict.passed,
+                    description=verdict.reason,
+                    metadata={**freshness_metadata(state, heartbeat), "bound_s": table.max_capture_lag_s})
 
     return freshness

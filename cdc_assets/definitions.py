@@ -20,9 +20,9 @@ from jobs import (
     build_compaction_schedule,
     build_freshness_job,
     build_freshness_schedule,
+    build_merge_job,
     build_merge_schedules,
     build_snapshot_schedules,
-    cdc_merge_job,
     incremental_snapshot_job,
     pause_snapshot_job,
     resume_snapshot_job,
@@ -54,8 +54,9 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     signalled = {connector.name for connector in config.connectors if connector.signal is not None}
     sensors = [make_schema_change_sensor(config, tables, apply_schema_change_job, translator=translator),
                make_events_waiting_sensor(live, kafka_client_settings(config.kafka), translator=translator)]
-    freshness_job = build_freshness_job([AssetCheckKey(translator.get_asset_key(table), FRESHNESS_CHECK)
-                                         for table in live])
+    freshness_checks = [AssetCheckKey(translator.get_asset_key(table), FRESHNESS_CHECK) for table in live]
+    freshness_job = build_freshness_job(freshness_checks)
+    merge_job = build_merge_job(freshness_checks)
     compaction_job = build_compaction_job(config, live)
     transactional: dict[str, dict[str, DeltaTarget]] = {}
     for table in tables:
@@ -64,11 +65,11 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     for connector in config.connectors:
         if connector.name in transactional:
             sensors.append(make_transaction_sensor(connector, [t for t in tables if t.connector == connector.name],
-                                                   kafka_client_settings(config.kafka), cdc_merge_job,
+                                                   kafka_client_settings(config.kafka), merge_job,
                                                    translator=translator))
     if signalled:
         sensors.append(make_snapshot_backfill_sensor([t for t in live if t.connector in signalled],
-                                                     incremental_snapshot_job, cdc_merge_job,
+                                                     incremental_snapshot_job, merge_job,
                                                      kafka_client_settings(config.kafka), translator=translator))
     # One op per connector for its tables' merges (and the checks that look at what a merge left), one
     # for its live freshness checks: each table is still an asset with checks of its own, but a few ops
@@ -81,9 +82,9 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
                 for connector, members in by_connector.items()],
         asset_checks=[build_freshness_checks(f"{dagster_name(connector)}_freshness", members, translator)
                       for connector, members in by_connector.items()],
-        jobs=[cdc_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job, resume_snapshot_job,
+        jobs=[merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job, resume_snapshot_job,
               apply_schema_change_job, freshness_job, compaction_job],
-        schedules=[*build_merge_schedules(config), *build_snapshot_schedules(config),
+        schedules=[*build_merge_schedules(config, merge_job), *build_snapshot_schedules(config),
                    build_freshness_schedule(config, freshness_job), build_compaction_schedule(config, compaction_job)],
         sensors=sensors,
         resources=build_resources(config),

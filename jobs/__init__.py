@@ -2,7 +2,7 @@
 
 from jobs.compaction import build_compaction_job, build_compaction_schedule
 from jobs.freshness import build_freshness_job, build_freshness_schedule
-from jobs.merge import build_merge_schedules, cdc_merge_job
+from jobs.merge import build_merge_job, build_merge_schedules
 from jobs.schema_changes import apply_schema_change_job
 from jobs.snapshots import (
     build_snapshot_schedules,
@@ -19,9 +19,9 @@ __all__ = [
     "build_compaction_schedule",
     "build_freshness_job",
     "build_freshness_schedule",
+    "build_merge_job",
     "build_merge_schedules",
     "build_snapshot_schedules",
-    "cdc_merge_job",
     "execute_snapshot_run_config",
     "incremental_snapshot_job",
     "pause_snapshot_job",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from dagster import (
+    AssetCheckKey,
     AssetSelection,
     DefaultScheduleStatus,
     ScheduleDefinition,
@@ -19,22 +21,29 @@ if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export its 
     from dagster import JobDefinition
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-cdc_merge_job = define_asset_job(
-    "cdc_merge_job",
-    # Every CDC table asset (kinds delta and kafka) whose source table was not dropped.
-    selection=(AssetSelection.kind("delta") & AssetSelection.kind("kafka"))
-    - AssetSelection.tag(STATUS_TAG, "retired"),
-    executor_def=in_process_executor,
-    description="Merge each captured table's new change events into its Delta table (one micro-batch each).",
-)
+MERGE_JOB = "cdc_merge_job"
 
 
-def build_merge_schedules(config: PipelineConfig) -> list[ScheduleDefinition]:
-    """The merge schedule from the config (none if the config has no ``merge_schedule``)."""
+def build_merge_job(live_checks: Sequence[AssetCheckKey]) -> UnresolvedAssetJobDefinition:
+    """The merge job: every CDC table asset (kinds delta and kafka) whose source table was not dropped,
+    with the checks its merge evaluates, but not ``live_checks`` (the freshness checks): they look at
+    the topic as it is now, have their own job and schedule, and after a merge would only repeat its
+    ``caught_up``, for a Kafka and Delta round trip per table (12 s of a 200-table run)."""
+    return define_asset_job(
+        MERGE_JOB,
+        selection=(AssetSelection.kind("delta") & AssetSelection.kind("kafka"))
+        - AssetSelection.tag(STATUS_TAG, "retired") - AssetSelection.checks(*live_checks),
+        executor_def=in_process_executor,
+        description="Merge each captured table's new change events into its Delta table (one micro-batch each).",
+    )
+
+
+def build_merge_schedules(config: PipelineConfig, job: UnresolvedAssetJobDefinition) -> list[ScheduleDefinition]:
+    """The merge schedule of ``job`` from the config (none if the config has no ``merge_schedule``)."""
     schedule = config.merge_schedule
     if schedule is None:
         return []
-    return [configured_schedule("cdc_merge_schedule", cdc_merge_job, schedule)]
+    return [configured_schedule("cdc_merge_schedule", job, schedule)]
 
 
 def configured_schedule(name: str, job: JobDefinition | UnresolvedAssetJobDefinition,

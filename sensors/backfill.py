@@ -24,7 +24,7 @@ from dagster import (
 from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
-from cdc_assets.io.freshness import retained_offsets
+from cdc_assets.io.freshness import TopicProbe
 from cdc_assets.io.kafka_source import SourceError
 from cdc_assets.io.signals import data_collection
 from cdc_assets.translator import CdcTranslator
@@ -39,10 +39,10 @@ def target_is_empty(table: CapturedTable) -> bool:
     return DeltaTable(table.target.path, storage_options=options).count() == 0
 
 
-def topic_can_fill(kafka_settings: Mapping[str, Any], table: CapturedTable) -> bool:
+def topic_can_fill(probe: TopicProbe, table: CapturedTable) -> bool:
     """Whether the table's topic holds its whole history: records, every partition retained from offset 0."""
     try:
-        offsets = retained_offsets(kafka_settings, table.topic)
+        offsets = probe.retained_offsets(table.topic)
     except SourceError:
         return False  # no topic yet: nothing to fill the table from
     return any(high > 0 for _, high in offsets.values()) and all(low == 0 for low, _ in offsets.values())
@@ -59,22 +59,23 @@ def backfill_requests(tables: Sequence[CapturedTable], requested: set[str], snap
     """
     requests: list[RunRequest] = []
     still_requested = set()
-    for table in tables:
-        if not target_is_empty(table):
-            continue
-        still_requested.add(table.topic)
-        if table.topic in requested:
-            continue
-        run_key = f"snapshot-backfill:{table.topic}"
-        if not topic_can_fill(kafka_settings, table):
+    with TopicProbe(kafka_settings) as probe:
+        for table in tables:
+            if not target_is_empty(table):
+                continue
+            still_requested.add(table.topic)
+            if table.topic in requested:
+                continue
+            run_key = f"snapshot-backfill:{table.topic}"
+            if not topic_can_fill(probe, table):
+                requests.append(RunRequest(
+                    run_key=run_key, job_name=snapshot_job_name,
+                    run_config=execute_snapshot_run_config(table.connector, [data_collection(*table.name.split("."))]),
+                    tags={"cdc_assets/backfill": table.topic}))
             requests.append(RunRequest(
-                run_key=run_key, job_name=snapshot_job_name,
-                run_config=execute_snapshot_run_config(table.connector, [data_collection(*table.name.split("."))]),
+                run_key=f"{run_key}:merge", job_name=merge_job_name,
+                asset_selection=[(translator or CdcTranslator()).get_asset_key(table)],
                 tags={"cdc_assets/backfill": table.topic}))
-        requests.append(RunRequest(
-            run_key=f"{run_key}:merge", job_name=merge_job_name,
-            asset_selection=[(translator or CdcTranslator()).get_asset_key(table)],
-            tags={"cdc_assets/backfill": table.topic}))
     return requests, still_requested
 
 

@@ -8,6 +8,7 @@ from dagster import AssetObservation, SensorDefinition, SensorEvaluationContext,
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.checks import freshness_metadata, live_freshness
+from cdc_assets.io.freshness import TopicProbe
 from cdc_assets.io.kafka_source import SourceError
 from cdc_assets.translator import CdcTranslator
 
@@ -22,14 +23,15 @@ def make_events_waiting_sensor(tables: Sequence[CapturedTable], kafka_settings: 
             description="Observes how many change events wait in each table's topic, and since when")
     def events_waiting_sensor(context: SensorEvaluationContext) -> SensorResult:
         observations = []
-        for table in tables:
-            try:
-                state, heartbeat = live_freshness(table, dict(kafka_settings))
-            except SourceError as exc:  # one missing topic must not hide the other tables' backlogs
-                context.log.warning(f"{table.topic}: {exc}")
-                continue
-            observations.append(AssetObservation(asset_key=translator.get_asset_key(table),
-                                                 metadata=freshness_metadata(state, heartbeat)))
+        with TopicProbe(kafka_settings) as probe:
+            for table in tables:
+                try:
+                    state, heartbeat = live_freshness(table, probe)
+                except SourceError as exc:  # one missing topic must not hide the other tables' backlogs
+                    context.log.warning(f"{table.topic}: {exc}")
+                    continue
+                observations.append(AssetObservation(asset_key=translator.get_asset_key(table),
+                                                     metadata=freshness_metadata(state, heartbeat)))
         return SensorResult(asset_events=observations)
 
     return events_waiting_sensor

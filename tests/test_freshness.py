@@ -4,7 +4,9 @@ checks run on their own schedule's job, and a sensor observes the events waiting
 
 import time
 import uuid
+from datetime import datetime, timezone
 
+import pytest
 from confluent_kafka import Producer
 from dagster import AssetKey, DagsterInstance, build_sensor_context
 from deltalake import DeltaTable
@@ -13,6 +15,8 @@ from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.broker import PRODUCER_SETTINGS
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
+from cdc_assets.io.freshness import TopicProbe
+from cdc_assets.io.kafka_source import SourceError
 from tests.conftest import produce
 from tests.test_transactions import new_topic_named
 
@@ -94,3 +98,42 @@ def test_stalled_pipeline_fails_quiet_source_with_heartbeats_passes_dead_connect
         dead = freshness(dead_defs, instance)
         assert not dead.passed and "the connector has stopped" in dead.description
         assert dead.metadata["heartbeat_age_s"].value >= 600
+
+
+def test_one_probe_looks_at_topic_after_topic(broker):
+    """One consumer serves a whole check run or sensor tick: each topic's answer is its own, whichever
+    topic it looked at before, and a missing topic leaves the probe usable."""
+    prefix = f"probe{uuid.uuid4().hex[:8]}"
+    a = new_topic_named(broker, f"{prefix}.s.a", partitions=2)
+    b = new_topic_named(broker, f"{prefix}.s.b")
+    empty = new_topic_named(broker, f"{prefix}.s.empty")
+    base_ms = 1_700_000_000_000
+
+    def event(key, ms):
+        source = postgres_source(key, base_ms + ms, "s", "t")
+        return encode_key({"id": key}), envelope("c", None, {"id": key}, source, key)
+
+    produce(broker, a, [event(k, 1000 * k) for k in range(4)], partition=0)
+    produce(broker, a, [event(k, 500 * k) for k in range(3)], partition=1)
+    produce(broker, b, [event(k, 7000 + k) for k in range(5)])
+    heartbeat(broker, prefix)
+
+    def newest(ms):
+        return datetime.fromtimestamp((base_ms + ms) / 1000, timezone.utc)
+
+    with TopicProbe({"bootstrap.servers": broker.bootstrap_servers, "group.id": "probe"}) as probe:
+        whole = probe.table_freshness(a, None)
+        assert (whole.events_waiting, whole.newest_source_time) == (7, newest(3000))
+        assert whole.waiting_since is not None and whole.behind_s < 60
+        partly = probe.table_freshness(b, {0: 2})
+        assert (partly.events_waiting, partly.newest_source_time) == (3, newest(7004))
+        assert probe.table_freshness(empty, None).events_waiting == 0
+        with pytest.raises(SourceError, match="does not exist"):
+            probe.table_freshness(f"{prefix}.s.missing", None)
+        one_left = probe.table_freshness(a, {0: 4, 1: 2})
+        assert (one_left.events_waiting, one_left.newest_source_time) == (1, newest(1000))
+        assert probe.table_freshness(a, {0: 4, 1: 3}).events_waiting == 0
+        assert probe.retained_offsets(b) == {0: (0, 5)}
+        beat = probe.last_heartbeat(prefix)
+        assert beat is not None and (datetime.now(timezone.utc) - beat).total_seconds() < 60
+        assert probe.last_heartbeat(f"{prefix}-none") is None
