@@ -121,6 +121,7 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
         result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
         evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
         assert len(evaluations) == 15  # the live freshness checks run in their own job
+        assert batch_lines(instance, result.run_id) == []  # one batch a table: its materialization says it all
         assert not any(name == "freshness" for _, name in evaluations)
         assert evaluations[("products", "unique_keys")].passed
         assert evaluations[("products", "unique_keys")].metadata["rows"].value == 10
@@ -140,6 +141,12 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
         assert not evaluation.passed and evaluation.metadata["duplicate_keys"].value == 1
 
 
+def batch_lines(instance, run_id):
+    """The run's per-batch log lines."""
+    return [entry.user_message for entry in instance.all_logs(run_id)
+            if entry.dagster_event is None and " events read, offsets " in entry.user_message]
+
+
 def test_a_run_drains_a_backlog_in_micro_batches_up_to_its_limit(spark, broker, tmp_path):
     sample_published(broker)
     group = f"drain-{uuid.uuid4().hex[:8]}"
@@ -150,9 +157,14 @@ def test_a_run_drains_a_backlog_in_micro_batches_up_to_its_limit(spark, broker, 
     path = str(tmp_path / "dbserver1" / "inventory" / "products")
 
     def run(run_config=None):
-        result = materialize([products], selection=[KEYS[0]], resources=defs.resources, run_config=run_config)
+        with DagsterInstance.ephemeral() as instance:
+            result = materialize([products], selection=[KEYS[0]], resources=defs.resources, run_config=run_config,
+                                 instance=instance)
+            lines = batch_lines(instance, result.run_id)
         (event,) = result.get_asset_materialization_events()
-        return event.event_specific_data.materialization.metadata
+        metadata = event.event_specific_data.materialization.metadata
+        assert len(lines) == metadata["batches"].value  # several batches: a log line each
+        return metadata
 
     def group_offset() -> int:
         """The consumer group's committed offset (committed once per run, for Kafka lag tools)."""

@@ -11,6 +11,7 @@ beyond the offsets committed in Delta, since when, and whether the connector sti
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -81,11 +82,16 @@ class TopicProbe:
     fetch (2 s a table with events waiting, against 48 ms). Close it (or use it as a context manager)."""
 
     def __init__(self, settings: Mapping[str, object], timeout_s: float = 10.0):
-        # A fetch at a partition's end waits at most 10 ms: the next table's requests queue behind it.
-        self._consumer = Consumer({"fetch.wait.max.ms": 10, **settings, "enable.auto.commit": False,
-                                   "enable.partition.eof": False})
+        self._settings = settings
         self._timeout_s = timeout_s
         self._heartbeats: dict[str, datetime | None] = {}
+
+    @functools.cached_property
+    def _consumer(self) -> Consumer:
+        """Made at the first look: a backfill tick with no empty table looks at no topic."""
+        # A fetch at a partition's end waits at most 10 ms: the next table's requests queue behind it.
+        return Consumer({"fetch.wait.max.ms": 10, **self._settings, "enable.auto.commit": False,
+                         "enable.partition.eof": False})
 
     def __enter__(self) -> TopicProbe:
         return self
@@ -94,8 +100,9 @@ class TopicProbe:
         self.close()
 
     def close(self) -> None:
-        """Close the consumer."""
-        self._consumer.close()
+        """Close the consumer, if one was made."""
+        if "_consumer" in self.__dict__:
+            self._consumer.close()
 
     def _partitions(self, topic: str) -> list[int]:
         metadata = self._consumer.list_topics(topic, timeout=self._timeout_s).topics.get(topic)
