@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from dagster import (
-    AssetCheckResult,
+    AssetCheckEvaluation,
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
@@ -30,7 +30,7 @@ from pyspark.sql.types import StructType
 
 from cdc_assets.api import apply_pending
 from cdc_assets.catalog import CapturedTable
-from cdc_assets.checks import RunReads, evaluate_table_checks, table_check_specs
+from cdc_assets.checks import RunReads, as_evaluations, evaluate_table_checks, table_check_specs
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka_source import KafkaSource
@@ -160,7 +160,7 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
         pool=f"cdc_connector_{dagster_name(connector)}",
     )
     def merge_tables(context: AssetExecutionContext, config: MergeConfig, spark: SparkResource,
-                     kafka: KafkaResource, delta: DeltaResource) -> Iterator[MaterializeResult | AssetCheckResult]:
+                     kafka: KafkaResource, delta: DeltaResource) -> Iterator[MaterializeResult | AssetCheckEvaluation]:
         selected = context.selected_asset_keys
         checks: dict[AssetKey, set[str]] = {}
         for check_key in context.selected_asset_check_keys:
@@ -184,8 +184,9 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                 assert materialized is not None
                 yield materialized
             if checks.get(key):
-                yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
-                                                 materialized)
+                results = evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
+                                                materialized)
+                yield from as_evaluations(results, table_check_specs(table, key), context.instance)
         if len(failures) == 1:
             raise failures[0][1]
         if failures:

@@ -7,7 +7,7 @@ import sys
 import uuid
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
+from dagster import AssetKey, DagsterEventType, DagsterInstance, build_sensor_context, materialize
 from deltalake import DeltaTable
 
 from cdc_assets import CdcTranslator
@@ -92,6 +92,9 @@ def test_a_broken_config_is_a_readable_error_at_load(tmp_path):
     assert f"{bad}:line 14: connectors.1.kind" in load.stderr
 
 
+CHECK_NAMES = ("unique_keys", "no_null_keys", "capture_lag", "no_dead_letters", "schema_matches_source")
+
+
 def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
     import pyarrow as pa
     from dagster import AssetCheckKey, AssetSelection, DagsterInstance
@@ -115,8 +118,7 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
     producer.flush(30)
     defs = build_definitions(parse_config(prefix_config.format(bootstrap=broker.bootstrap_servers, root=tmp_path)))
     products = AssetKey(["checks1", "inventory", "products"])
-    assert {k.name for k in defs.resolve_asset_graph().get(products).check_keys} == {
-        "unique_keys", "no_null_keys", "freshness", "capture_lag", "no_dead_letters", "schema_matches_source"}
+    assert {k.name for k in defs.resolve_asset_graph().get(products).check_keys} == {*CHECK_NAMES, "freshness"}
     with DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
         evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
@@ -129,6 +131,14 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
         lag = evaluations[("products", "capture_lag")]
         assert not lag.passed and lag.severity.value == "WARN"
         assert all(e.passed for (_, name), e in evaluations.items() if name != "capture_lag")
+        # Each targets the materialization its run made (the UI shows them current), yielded as events, not outputs.
+        latest = instance.fetch_materializations(products, limit=1).records[0]
+        assert latest.run_id == result.run_id
+        assert {e.target_materialization_data.storage_id for (table, _), e in evaluations.items()
+                if table == "products"} == {latest.storage_id}
+        outputs = [entry.dagster_event.step_output_data.step_output_handle.output_name
+                   for entry in instance.all_logs(result.run_id, of_type=DagsterEventType.STEP_OUTPUT)]
+        assert len(outputs) == 3 and not [name for name in outputs if name.endswith(tuple(CHECK_NAMES))]
 
         # A duplicated key written behind the pipeline's back fails the blocking check.
         path = str(tmp_path / "checks1" / "inventory" / "products")
@@ -139,6 +149,7 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
                             raise_on_error=False)
         [evaluation] = check.get_asset_check_evaluations()
         assert not evaluation.passed and evaluation.metadata["duplicate_keys"].value == 1
+        assert not check.success  # blocking: the step fails
 
 
 def batch_lines(instance, run_id):
