@@ -29,6 +29,7 @@ from dagster import (
     MetadataValue,
     multi_asset_check,
 )
+
 # Not exported at dagster's top level; the evaluation's pointer to the materialization it checked.
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,

@@ -95,28 +95,38 @@ _VARIABLE_SCALE = 18  # decimal(38, 18) for unconstrained numeric: 20 integer an
 _TWO_TO_64 = "18446744073709551616"
 
 
-def _negative(hexed: Column) -> Column:
-    return F.substring(hexed, 1, 1) >= F.lit("8")
+_HEX_DIGITS = "0123456789abcdef"
 
 
-def _ones_complement(hexed: Column) -> Column:
-    return F.translate(hexed, "0123456789abcdef", "fedcba9876543210")
+def _negative(raw: Column) -> Column:
+    """Whether two's-complement big-endian bytes are negative: the first byte's high bit (Spark orders
+    bytes unsigned)."""
+    return F.substring(raw, 1, 1) >= F.lit(bytes([0x80]))
+
+
+def _magnitude_hex(raw: Column, negative: Column) -> Column:
+    """The bytes' hex digits, one's-complemented where ``negative`` (a negative value's magnitude is
+    that plus one): one translation whose target depends on the sign, so the digits are named once."""
+    target = F.when(negative, F.lit(_HEX_DIGITS[::-1])).otherwise(F.lit(_HEX_DIGITS))
+    return F.call_function("translate", F.lower(F.hex(raw)), F.lit(_HEX_DIGITS), target)
 
 
 def _unscaled_digits(raw: Column) -> Column:
     """Two's-complement big-endian bytes of up to 16 (every unscaled value of at most 38 digits) as
-    signed decimal digits; null for longer values, which cannot be held by a decimal(38, s)."""
-    hexed = F.lower(F.hex(raw))
-    negative = _negative(hexed)
-    # A negative value's magnitude is its one's complement plus one.
-    magnitude_hex = F.lpad(F.when(negative, _ones_complement(hexed)).otherwise(hexed), 32, "0")
+    signed decimal digits; null for longer values, which cannot be held by a decimal(38, s).
+
+    Every batch's query analyzes and optimizes this once per decimal column, and each name of a part in
+    it is that part's whole expression again: the bytes are tested and hexed where needed, not hexed
+    and then tested."""
+    negative = _negative(raw)
+    magnitude_hex = F.lpad(_magnitude_hex(raw, negative), 32, "0")
     high = F.conv(F.substring(magnitude_hex, 1, 16), 16, 10).cast("decimal(38,0)")
     low = F.conv(F.substring(magnitude_hex, 17, 16), 16, 10).cast("decimal(38,0)")
-    one = F.when(negative, F.lit(1)).otherwise(F.lit(0)).cast("decimal(38,0)")
+    one = negative.cast("int").cast("decimal(38,0)")
     magnitude = F.try_add(F.try_add(F.try_multiply(high, F.lit(_TWO_TO_64).cast("decimal(38,0)")), low), one)
     # The sign as text: Spark's decimal negation rounds to 34 digits.
     sign = F.when(negative, F.lit("-")).otherwise(F.lit(""))
-    return F.when(F.length(hexed) <= 32, F.concat(sign, magnitude.cast("string")))
+    return F.when(F.octet_length(raw) <= 16, F.concat(sign, magnitude.cast("string")))
 
 
 _LIMB = 10**9  # base of the limbs (little-endian) of the long-hand conversion below
@@ -141,9 +151,8 @@ def _add_into_limbs(limbs: Column, factor: int, addend: Column) -> Column:
 def _unscaled_digits_any_length(raw: Column) -> Column:
     """Two's-complement big-endian bytes of any length as signed decimal digits, converted long-hand
     with higher-order functions: only for columns wider than 38 digits, whose values need it."""
-    hexed = F.lower(F.hex(raw))
-    negative = _negative(hexed)
-    magnitude_hex = F.when(negative, _ones_complement(hexed)).otherwise(hexed)
+    negative = _negative(raw)
+    magnitude_hex = _magnitude_hex(raw, negative)
     chunks = F.ceil(F.length(magnitude_hex) / _CHUNK_HEX).cast("int")
     padded = F.lpad(magnitude_hex, chunks * _CHUNK_HEX, "0")
     values = F.transform(F.sequence(F.lit(0), chunks - 1),
@@ -154,7 +163,7 @@ def _unscaled_digits_any_length(raw: Column) -> Column:
                  .otherwise(magnitude))
     text = F.array_join(F.transform(F.reverse(limbs), lambda limb: F.lpad(limb.cast("string"), 9, "0")), "")
     digits = F.regexp_replace(text, r"^0+(?=\d)", "")
-    return F.when(F.length(hexed) > 0, F.concat(F.when(negative, F.lit("-")).otherwise(F.lit("")), digits))
+    return F.when(F.octet_length(raw) > 0, F.concat(F.when(negative, F.lit("-")).otherwise(F.lit("")), digits))
 
 
 def _let(value: Column, body: Callable[[Column], Column]) -> Column:
@@ -183,6 +192,9 @@ def _plain_decimal_text(digits: Column, scale: Column | int) -> Column:
 def _as_decimal(digits: Column, scale: Column | int, data_type: T.DecimalType) -> Column:
     """Signed unscaled ``digits`` at ``scale`` as ``data_type``: exact, or null where the type would
     round (fractional digits beyond its scale that are not zeros) or overflow; never a rounded value."""
+    if isinstance(scale, int) and scale <= data_type.scale:
+        # A fixed scale the type holds: no digit can be dropped, and ``digits`` is named once.
+        return F.concat(digits, F.lit(f"E{-scale}")).try_cast(data_type)
     scale = F.lit(scale) if isinstance(scale, int) else scale
     # "<digits>E<-scale>" casts exactly; no division, whose result Spark rounds to 6 decimal places.
     value = F.concat(digits, F.lit("E"), (-scale).cast("string")).try_cast(data_type)
