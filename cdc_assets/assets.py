@@ -149,12 +149,12 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                        owners=translator.get_owners(table) or None, tags=translator.get_tags(table),
                        freshness_policy=translator.get_freshness_policy(table))
              for key, table in by_key.items()]
-    check_specs = [spec for key, table in by_key.items() for spec in table_check_specs(table, key)]
+    table_specs = {key: table_check_specs(table, key) for key, table in by_key.items()}
 
     @multi_asset(
         name=name or merge_op_name(connector),
         specs=specs,
-        check_specs=check_specs,
+        check_specs=[spec for specs in table_specs.values() for spec in specs],
         can_subset=True,
         # One pool per connector: with a pool limit of 1 (see README), two runs never merge one table at once.
         pool=f"cdc_connector_{dagster_name(connector)}",
@@ -186,7 +186,7 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
             if checks.get(key):
                 results = evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
                                                 materialized)
-                yield from as_evaluations(results, table_check_specs(table, key), context.instance)
+                yield from as_evaluations(results, table_specs[key], context.instance)
         if len(failures) == 1:
             raise failures[0][1]
         if failures:
