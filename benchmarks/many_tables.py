@@ -53,7 +53,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 
-from benchmarks.measure import PeakRss
+from benchmarks.measure import PeakRss, warm_until_steady
 from benchmarks.merge_throughput import _cpu, wait_until_idle
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
@@ -359,14 +359,11 @@ def main() -> None:
               f"each), writer {args.writer}; produced in {time.perf_counter() - started:.1f} s", flush=True)
         try:
             warm_tables = min(args.warm_tables or args.tables, args.tables)
-            warm_ups = []
-            for number in range(1, args.warm_passes + 1):
-                warm_ups.append(run_child(
-                    write_config(work, broker.bootstrap_servers, warm_tables, work / f"delta-warm-{number}",
-                                 args.writer, 2), broker, False,
-                    f"warm-up {number} ({warm_tables} tables{', starts the server' if number == 1 else ''})"))
-                if number > 1 and warm_ups[-1]["cpu"]["server"] >= 0.9 * warm_ups[-2]["cpu"]["server"]:
-                    break
+            warm_ups = warm_until_steady(lambda number: run_child(
+                write_config(work, broker.bootstrap_servers, warm_tables, work / f"delta-warm-{number}",
+                             args.writer, 2), broker, False,
+                f"warm-up {number} ({warm_tables} tables{', starts the server' if number == 1 else ''})"),
+                args.warm_passes)
             measured = {
                 concurrent: run_child(write_config(work, broker.bootstrap_servers, args.tables,
                                                    work / f"delta-{concurrent}", args.writer, concurrent),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -76,3 +77,21 @@ class PeakRss:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+STEADY_WITHIN = 0.10  # a warm-up run whose server CPU is within this share of the run's before it ends the warm-up
+
+
+def warm_until_steady(run: Callable[[int], dict], passes: int) -> list[dict]:
+    """Calls ``run(number)`` (1, 2, ...) until a run's server CPU (``result["cpu"]["server"]``) is within
+    ``STEADY_WITHIN`` of the run's before it, at most ``passes`` times; the results in order.
+
+    The local Spark server's JIT keeps compiling the decode and fold for several runs after its start
+    (docs/performance.md): a run measured on a server warmed by one run still pays for that, a deployment's
+    long-lived server does not."""
+    results: list[dict] = []
+    for number in range(1, passes + 1):
+        results.append(run(number))
+        if number > 1 and results[-1]["cpu"]["server"] >= (1 - STEADY_WITHIN) * results[-2]["cpu"]["server"]:
+            break
+    return results

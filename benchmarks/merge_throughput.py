@@ -15,7 +15,9 @@ a fresh JVM for the in-process Spark ones), round after round:
 - ``project``: the project's ``cdc_merge_job`` (a real Dagster run, ``execute_in_process``) on the
   embedded default (delta-rs writer), draining the topic in micro-batches of ``--batch`` records.
   Spark is the local Spark server that runs share (``cdc_assets.io.spark_server``): the benchmark's
-  first project run starts it (reported apart, as "project, cold server"), the measured runs find it warm;
+  first project run starts it (reported apart, as "project, cold server"), and project runs warm it until
+  its CPU per run is steady (at most ``--warm-passes``, reported apart as "project, warming up"), as a
+  deployment's long-lived server is; the measured runs find it warm;
 - ``project_delta_spark``: the same run with ``delta.writer: delta-spark`` (MERGE in the local server);
 - not run unless named in ``--variants``: ``spark_fold`` (confluent-kafka, Spark from_json + window fold,
   delta-rs MERGE: the plain-Spark reference of the earlier tables) and ``project_in_process`` (the
@@ -30,6 +32,7 @@ the local Spark server's, and the CPU seconds each run cost the run, the server 
 broker is not part of the RSS).
 
     python -m benchmarks.merge_throughput [--events 1000000] [--keys 100000] [--batch 100000] [--runs 3]
+                                          [--warm-passes 5]
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from benchmarks.measure import PeakRss
+from benchmarks.measure import PeakRss, warm_until_steady
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.io.spark import DELTA_CATALOG, DELTA_EXTENSION, delta_jars, spark_config
 from cdc_assets.io.spark_server import (
@@ -280,6 +283,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100_000, help="max records per micro-batch")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per variant (medians are reported)")
+    parser.add_argument("--warm-passes", type=int, default=5,
+                        help="runs of the first served variant before the measured ones (the first starts the "
+                             "local server) until the server's CPU of a run is within 10%% of the one before: "
+                             "at most this many")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, of {VARIANTS + OPTIONAL_VARIANTS} (default: {VARIANTS})")
     parser.add_argument("--child", choices=VARIANTS + OPTIONAL_VARIANTS, help=argparse.SUPPRESS)
@@ -302,11 +309,18 @@ def main() -> None:
         os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")  # the benchmark's own, started cold
         produce(broker.bootstrap_servers, records, args.partitions)
         del records
-        # The project's first run starts the local Spark server; it is reported apart from the runs that find it.
         served = [v for v in variants if v in SERVED]
-        rounds = [[(served[0], "cold")]] if served else []
-        rounds += [[(variant, str(run + 1)) for variant in variants] for run in range(args.runs)]
+        rounds = [[(variant, str(run + 1)) for variant in variants] for run in range(args.runs)]
         try:
+            if served:
+                # The first served run starts the local Spark server, and the ones after it warm the server
+                # until it is steady; they are reported apart from the measured runs.
+                warm_ups = warm_until_steady(lambda number: run_child(
+                    served[0], "cold" if number == 1 else f"w{number}", args.batch, broker,
+                    Path(work) / f"{served[0]}-warm-{number}", oracle), args.warm_passes)
+                results[f"{served[0]}, cold server"] = warm_ups[:1]
+                if warm_ups[1:]:
+                    results[f"{served[0]}, warming up"] = warm_ups[1:]
             for round_ in rounds:
                 for variant, label in round_:
                     if variant in failed:
@@ -315,7 +329,7 @@ def main() -> None:
                     if "failed" in result:
                         failed[variant] = result["failed"]
                         continue
-                    results.setdefault(variant if label != "cold" else f"{variant}, cold server", []).append(result)
+                    results.setdefault(variant, []).append(result)
         finally:
             stop_all()
     report(results, events)

@@ -28,21 +28,25 @@ import json
 import math
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import zlib
 from array import array
 from pathlib import Path
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
+import psutil
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from dagster import AssetKey, DagsterInstance
 
 from benchmarks.many_tables import PREFIX, SCHEMA, TableEvents, checksum, mismatches, table_name
 from benchmarks.measure import PeakRss
+from benchmarks.merge_throughput import _cpu
 from cdc_assets.catalog import CapturedTable, resolve_tables
 from cdc_assets.config import load_config
 from cdc_assets.definitions import build_definitions
@@ -65,13 +69,21 @@ connectors:
 
 
 class RateProducer(threading.Thread):
-    """Produces ``rate`` events/s for ``seconds``, round-robin over ``tables``; records when each offset
-    was produced (``produced_at[topic][partition][offset]``, NaN for a tombstone)."""
+    """Produces ``rate`` events/s for ``seconds``, round-robin over ``tables`` (``partitions`` each);
+    records when each offset was produced (``produced_at[topic][partition][offset]``, NaN for a tombstone).
 
-    def __init__(self, bootstrap: str, rate: int, seconds: float, tables: list[TableEvents]):
+    The harness stands in for Debezium and shares the 2 cores with what it measures, so it produces as
+    cheaply as it can: it picks each record's partition from its key itself (the same key, the same
+    partition, as Kafka's partitioner does) and knows its offset from the order it produced it in (one
+    idempotent producer of fresh topics: a partition's n-th record is offset n, checked by ``check_offsets``),
+    with no delivery callback per record; and it batches and compresses (lz4, up to 100 ms), as a Kafka Connect
+    worker configured for throughput does: record by record, the broker spent more CPU than the runs."""
+
+    def __init__(self, bootstrap: str, rate: int, seconds: float, tables: list[TableEvents], partitions: int):
         super().__init__(daemon=True)
-        self.rate, self.seconds, self.tables = rate, seconds, tables
-        self.produced_at: dict[str, dict[int, array]] = {self.topic(t): {} for t in tables}
+        self.rate, self.seconds, self.tables, self.partitions = rate, seconds, tables, partitions
+        self.produced_at: dict[str, dict[int, array]] = {
+            self.topic(t): {p: array("d") for p in range(partitions)} for t in tables}
         self.count = 0
         self._servers = bootstrap
 
@@ -79,30 +91,34 @@ class RateProducer(threading.Thread):
     def topic(table: TableEvents) -> str:
         return f"{PREFIX}.{SCHEMA}.{table.table}"
 
-    def _delivered(self, error: object, message: Message) -> None:
-        topic, partition, offset = message.topic(), message.partition(), message.offset()
-        if error is not None or message.value() is None or topic is None or partition is None or offset is None:
-            return
-        times = self.produced_at[topic].setdefault(partition, array("d"))
-        if offset >= len(times):
-            times.extend([math.nan] * (offset - len(times) + 1))
-        times[offset] = message.timestamp()[1] / 1000
-
     def run(self) -> None:
-        producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": self._servers, "linger.ms": 5})
+        producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": self._servers, "linger.ms": 100,
+                             "compression.type": "lz4"})
         started = time.time()
         while time.time() - started < self.seconds:
             due = int((time.time() - started) * self.rate) - self.count
             for _ in range(max(due, 0)):
                 table = self.tables[self.count % len(self.tables)]
+                topic = self.topic(table)
                 now_ms = int(time.time() * 1000)
                 for key, value in table.next(now_ms):
-                    produce_waiting(producer, self.topic(table), key, value, 0.05, timestamp=now_ms,
-                                    on_delivery=self._delivered)
+                    partition = zlib.crc32(key) % self.partitions
+                    # Noted first: a run may commit the record as soon as it is produced.
+                    self.produced_at[topic][partition].append(math.nan if value is None else now_ms / 1000 + 0.001)
+                    produce_waiting(producer, topic, key, value, 0.05, partition=partition, timestamp=now_ms)
                 self.count += 1
             producer.poll(0)
             time.sleep(0.05)
-        producer.flush(60)
+        if producer.flush(60):
+            raise SystemExit("the soak's producer could not deliver everything within 60 s")
+
+    def check_offsets(self, highs: dict[str, dict[int, int]]) -> None:
+        """Every partition holds exactly the records produced to it (what the offsets were taken from)."""
+        wrong = [f"{topic}[{p}]: high watermark {high}, {len(self.produced_at[topic][p])} produced"
+                 for topic, partitions in highs.items() for p, high in partitions.items()
+                 if high != len(self.produced_at[topic][p])]
+        if wrong:
+            raise SystemExit("the soak's offsets are not the produced order: " + "; ".join(wrong[:5]))
 
 
 _NO_LEADER_YET = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._UNKNOWN_PARTITION,
@@ -173,7 +189,7 @@ def main() -> None:
         rng = random.Random(26)
         per_table = math.ceil(args.rate * args.seconds / args.tables)
         generators = [TableEvents(i, per_table, 100_000_000 + i * 1_000_000, rng) for i in range(args.tables)]
-        producer = RateProducer(broker.bootstrap_servers, args.rate, args.seconds, generators)
+        producer = RateProducer(broker.bootstrap_servers, args.rate, args.seconds, generators, args.partitions)
         topics = list(producer.produced_at)
         admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
         for future in admin.create_topics([NewTopic(t, num_partitions=args.partitions, replication_factor=1)
@@ -200,6 +216,12 @@ def main() -> None:
         lags: dict[str, list[float]] = {topic: [] for topic in topics}
         committed: dict[str, dict[int, int]] = {topic: {} for topic in topics}
         run_seconds: list[float] = []
+        # Where the 2 cores go: this process (producer and sensor loop; the runs too with --runs-in same),
+        # the broker, the local Spark server and the fresh runs (each waited for: its own CPU).
+        harness_cpu = sum(psutil.Process().cpu_times()[:2])
+        broker_cpu = _cpu(broker.pid or -1)
+        runs_cpu = 0.0
+        server_cpu = 0.0
         run_tables: list[int] = []
         max_backlog = 0
         server_found = False
@@ -227,7 +249,10 @@ def main() -> None:
                         ok, error = done.success, "see the log above"
                     else:
                         command = [sys.executable, "-m", "benchmarks.soak", "--run", json.dumps([k.path for k in keys])]
+                        before = resource.getrusage(resource.RUSAGE_CHILDREN)
                         process = subprocess.run(command, env=env, cwd=repository, capture_output=True, text=True)
+                        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                        runs_cpu += after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
                         ok, error = process.returncode == 0, process.stderr[-3000:]
                     finished = time.time()
                     run_seconds.append(finished - started)
@@ -249,7 +274,12 @@ def main() -> None:
                                                if not math.isnan(produced))
                             committed[topic][partition] = end
             producer.join(5)
-            behind = sum(backlog(high_watermarks(admin, topics, args.partitions), committed).values())
+            harness_cpu = sum(psutil.Process().cpu_times()[:2]) - harness_cpu
+            broker_cpu = _cpu(broker.pid or -1) - broker_cpu
+            server_cpu = sum(_cpu(state["pid"]) for _, state in running_servers())
+            highs = high_watermarks(admin, topics, args.partitions)
+            producer.check_offsets(highs)
+            behind = sum(backlog(highs, committed).values())
             del admin  # its connections closed before the broker stops
         finally:
             stop_all()
@@ -273,6 +303,8 @@ def main() -> None:
             "records_waiting_at_end": behind,
             "peak_rss_gib": round(rss.peak / 2**30, 2),
             "harness_peak_rss_gib": round(rss.peak_python / 2**30, 2),
+            "cpu_s": {"harness": round(harness_cpu, 1), "broker": round(broker_cpu, 1),
+                      "server": round(server_cpu, 1), "runs": round(runs_cpu, 1)},
             "nothing_lost": not lost and not behind and len(every) == producer.count,
             "tables_differing": lost,
         }, indent=2))

@@ -1,5 +1,6 @@
 """The benchmarks' peak-RSS sampler counts the process tree it measures (and the roots added to it), and
-leaves out the one excluded (and the process itself, when told)."""
+leaves out the one excluded (and the process itself, when told); their warm-up stops once the server's
+CPU per run is steady."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import psutil
 
-from benchmarks.measure import PeakRss
+from benchmarks.measure import PeakRss, warm_until_steady
 
 _HOLD = "import time; block = bytearray({size}); block[::4096] = b'x' * len(block[::4096]); time.sleep({hold})"
 
@@ -62,3 +63,19 @@ def test_an_added_root_is_counted_and_the_process_itself_only_when_told() -> Non
         for process in (harness, server):
             process.kill()
             process.wait()
+
+
+def test_the_warm_up_runs_until_the_server_cpu_is_steady_or_the_passes_run_out() -> None:
+    def runs(server_cpu: list[float]) -> list[int]:
+        made: list[int] = []
+
+        def run(number: int) -> dict:
+            made.append(number)
+            return {"cpu": {"server": server_cpu[number - 1]}}
+
+        warm_until_steady(run, passes=len(server_cpu))
+        return made
+
+    assert runs([80.0, 40.0, 30.0, 28.0, 20.0]) == [1, 2, 3, 4]  # 28 is within 10% of 30
+    assert runs([80.0, 40.0, 30.0, 25.0, 20.0]) == [1, 2, 3, 4, 5]  # never steady: every pass
+    assert runs([80.0, 90.0]) == [1, 2]  # more CPU than the run before: steady enough
