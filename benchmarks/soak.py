@@ -104,7 +104,7 @@ class RateProducer(threading.Thread):
                 for key, value in table.next(now_ms):
                     partition = zlib.crc32(key) % self.partitions
                     # Noted first: a run may commit the record as soon as it is produced.
-                    self.produced_at[topic][partition].append(math.nan if value is None else now_ms / 1000 + 0.001)
+                    self.produced_at[topic][partition].append(math.nan if value is None else now_ms / 1000)
                     produce_waiting(producer, topic, key, value, 0.05, partition=partition, timestamp=now_ms)
                 self.count += 1
             producer.poll(0)
