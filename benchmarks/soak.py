@@ -11,13 +11,16 @@ tables with new events (an asset selection, as the product's transaction and bac
 the connector's merge op runs for those tables only). By default each run is a fresh process that loads
 the code location and executes the run, as a run worker does, so every run pays for its Python and
 Dagster start (Spark is the local Spark server the runs share, started by the first); ``--runs-in same``
-runs them with ``execute_in_process`` in this process. Peak RSS counts the runs and the local Spark
-server, sampled together (with ``--runs-in same``, this process too); the soak's own process
-(``harness_peak_rss_gib``) is reported apart. An event's lag is the time from its production to the end
-of the run that committed it (the offsets come from the table's Delta commits). After the last run every
-table is checked against the reference fold of what was produced (row count and checksum).
+runs them with ``execute_in_process`` in this process. Fresh runs store their events in the SQLite
+instance of their ``DAGSTER_HOME``, as a deployment's runs do by default; ``--instance memory`` gives each
+run an instance of its own in memory, to tell Dagster's storage apart from the pipeline. Peak RSS counts
+the runs and the local Spark server, sampled together (with ``--runs-in same``, this process too); the
+soak's own process (``harness_peak_rss_gib``) is reported apart. An event's lag is the time from its
+production to the end of the run that committed it (the offsets come from the table's Delta commits). After
+the last run every table is checked against the reference fold of what was produced (row count and checksum).
 
     python -m benchmarks.soak [--tables 50] [--rate 5000] [--seconds 600] [--runs-in fresh|same]
+                              [--instance disk|memory]
 """
 
 from __future__ import annotations
@@ -154,13 +157,14 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
 
-def child_run(selection: str) -> None:
-    """One run in this (fresh) process: load the code location, run ``cdc_merge_job`` for the selected assets."""
+def child_run(selection: str, instance_kind: str) -> None:
+    """One run in this (fresh) process: load the code location, run ``cdc_merge_job`` for the selected assets,
+    storing its events in the instance of ``DAGSTER_HOME`` (``disk``) or in one of its own in memory."""
     from cdc_assets.definitions import defs
 
+    instance = DagsterInstance.get() if instance_kind == "disk" else DagsterInstance.ephemeral()
     result = defs.resolve_job_def("cdc_merge_job").execute_in_process(
-        instance=DagsterInstance.get(), asset_selection=[AssetKey(path) for path in json.loads(selection)],
-        raise_on_error=False)
+        instance=instance, asset_selection=[AssetKey(path) for path in json.loads(selection)], raise_on_error=False)
     if not result.success:
         failures = [str(e.event_specific_data) for e in result.all_events if e.is_failure][:3]
         raise SystemExit("cdc_merge_job failed: " + "\n".join(failures))
@@ -179,10 +183,14 @@ def main() -> None:
     parser.add_argument("--runs-in", choices=("fresh", "same"), default="fresh",
                         help="fresh: each run a new process that loads the code location; "
                              "same: execute_in_process here")
+    parser.add_argument("--instance", choices=("disk", "memory"), default="disk",
+                        help="where fresh runs store their events: disk, the SQLite instance of DAGSTER_HOME (a "
+                             "deployment's default); memory, an instance of each run's own (Dagster's storage "
+                             "cost left out, and no run sees another's events)")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
-        child_run(args.run)
+        child_run(args.run, args.instance)
         return
 
     with tempfile.TemporaryDirectory(prefix="cdc-soak-") as work, ApacheKafkaBroker(Path(work) / "broker") as broker:
@@ -248,7 +256,8 @@ def main() -> None:
                         done = job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=False)
                         ok, error = done.success, "see the log above"
                     else:
-                        command = [sys.executable, "-m", "benchmarks.soak", "--run", json.dumps([k.path for k in keys])]
+                        command = [sys.executable, "-m", "benchmarks.soak", "--instance", args.instance,
+                                   "--run", json.dumps([k.path for k in keys])]
                         before = resource.getrusage(resource.RUSAGE_CHILDREN)
                         process = subprocess.run(command, env=env, cwd=repository, capture_output=True, text=True)
                         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -291,7 +300,7 @@ def main() -> None:
         print(json.dumps({
             "tables": args.tables, "rate_events_per_s": args.rate, "seconds": args.seconds,
             "events_produced": producer.count, "events_applied": len(every), "runs": len(run_seconds),
-            "runs_in": args.runs_in,
+            "runs_in": args.runs_in, "instance": args.instance,
             "tables_per_run_mean": round(statistics.fmean(run_tables), 1) if run_tables else None,
             "run_s_p50": round(percentile(run_seconds, 50), 2) if run_seconds else None,
             "run_s_max": round(max(run_seconds), 2) if run_seconds else None,
