@@ -229,7 +229,6 @@ def main() -> None:
         harness_cpu = sum(psutil.Process().cpu_times()[:2])
         broker_cpu = _cpu(broker.pid or -1)
         runs_cpu = 0.0
-        server_cpu = 0.0
         run_tables: list[int] = []
         max_backlog = 0
         server_found = False
