@@ -99,6 +99,8 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
             metadata[f"transactions_{name}"] = MetadataValue.json(cast(Mapping[str, Any], last.transactions[name]))
     if "total_s" in stages:
         metadata["batch_seconds"] = round(stages["total_s"], 3)
+    if latest_applied is not None and latest_applied.key_columns:
+        metadata["key_columns"] = list(latest_applied.key_columns)
     if outcomes:
         metadata.update(
             rows_inserted=sum(o.inserted for o in outcomes),

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-import pyarrow.dataset as pds
+import pyarrow.compute as pc
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckExecutionContext,
@@ -37,7 +37,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
-from cdc_assets.io.delta import DeltaRsWriter, KeyReport
+from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget, KeyReport
 from cdc_assets.io.freshness import TableFreshness, TopicProbe, freshness_verdict
 from cdc_assets.io.registry import RegistryEntry, read_registry
 from cdc_assets.io.transactions import latest_watermark
@@ -45,12 +45,15 @@ from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator
 
 
-def _key_report(table: CapturedTable, delta: DeltaResource, spark: SparkResource) -> KeyReport | None:
-    """Key statistics of the table; its key columns are the configured ones, else those its last
-    batch commit recorded (taken from the record keys)."""
+def _key_report(table: CapturedTable, delta: DeltaResource, spark: SparkResource,
+                materialized: MaterializeResult | None) -> KeyReport | None:
+    """Key statistics of the table; its key columns are the configured ones, else those this step's merge
+    recorded in ``materialized`` or, if it applied nothing, its last batch commit (taken from the record keys)."""
     writer = delta.writer_for_schema_changes(spark)
-    progress = writer.read_progress(table.target, table.app_id)
-    keys = table.key_columns or (progress.key_columns if progress else ())
+    keys = table.key_columns or tuple(_plain_metadata(materialized).get("key_columns") or ())
+    if not keys:
+        progress = writer.read_progress(table.target, table.app_id)
+        keys = progress.key_columns if progress else ()
     return writer.key_report(table.target, keys) if keys else None
 
 
@@ -140,11 +143,31 @@ def freshness_check_spec(table: CapturedTable, key: AssetKey) -> AssetCheckSpec:
 
 
 class RunReads:
-    """What the checks of one op run read once for all its tables: the schema registry (read per table,
-    a run's checks grew with the square of the connector's tables: every read parses every entry)."""
+    """What the checks of one op run read once for all its tables (read per table, a run's checks grew with
+    the square of the connector's tables): the schema registry, and the dead-letter table's count per topic,
+    read again only when a commit has changed it."""
 
     def __init__(self, delta: DeltaResource):
         self._delta = delta
+        self._dead_letters: dict[str, tuple[DeltaTable, int, dict[str, int]]] = {}
+
+    def dead_letters(self, target: DeltaTarget) -> dict[str, int]:
+        """The events in the dead-letter table ``target`` per topic, as of its latest version."""
+        seen = self._dead_letters.get(target.path)
+        if seen is None:
+            options = dict(target.storage_options)
+            if not DeltaTable.is_deltatable(target.path, storage_options=options):
+                return {}  # none yet: looked for again by the next check, as a merge may create it
+            table = DeltaTable(target.path, storage_options=options)
+        else:
+            table = seen[0]
+            table.update_incremental()  # a merge of this run may have dead-lettered events since
+            if table.version() == seen[1]:
+                return seen[2]
+        topics = table.to_pyarrow_dataset().to_table(columns=["topic"]).column("topic")
+        counts = {str(row["values"]): int(row["counts"]) for row in pc.value_counts(topics).to_pylist()}
+        self._dead_letters[target.path] = (table, table.version(), counts)
+        return counts
 
     @functools.cached_property
     def registry(self) -> dict[tuple[str, str], RegistryEntry]:
@@ -160,7 +183,7 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
     it merged (else its latest is read from ``instance``)."""
     if selected & set(KEY_CHECKS):
         # One scan of the keys serves both checks.
-        report = _key_report(table, delta, spark)
+        report = _key_report(table, delta, spark, materialized)
         if "unique_keys" in selected:
             yield AssetCheckResult(
                 asset_key=key, check_name="unique_keys", passed=report is None or report.duplicate_keys == 0,
@@ -174,8 +197,7 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
     last: dict[str, Any] = {}  # the metadata of the table's latest materialization
     if selected & {"capture_lag", "transactions_reconciled"}:
         if materialized is not None:  # this step's: no read of the event log
-            last = {name: value.value if isinstance(value, MetadataValue) else value
-                    for name, value in (materialized.metadata or {}).items()}
+            last = _plain_metadata(materialized)
         else:
             event = instance.get_latest_materialization_event(key)
             if event is not None and event.asset_materialization is not None:
@@ -183,13 +205,19 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
     if "capture_lag" in selected:
         yield _capture_lag(table, key, last)
     if "no_dead_letters" in selected:
-        yield _no_dead_letters(table, key)
+        yield _no_dead_letters(table, key, reads)
     if "schema_matches_source" in selected:
         yield _schema_matches_source(table, key, delta, spark, reads.registry.get((table.connector, table.name)))
     if "transactions_reconciled" in selected and table.transaction_log is not None:
         yield _transactions_reconciled(table, key, last)
     if "consistent_watermark_fresh" in selected and table.transaction_log is not None:
         yield _consistent_watermark_fresh(table, key)
+
+
+def _plain_metadata(materialized: MaterializeResult | None) -> dict[str, Any]:
+    """A materialization's metadata as plain values (none if ``materialized`` is None)."""
+    metadata = (materialized.metadata or {}) if materialized is not None else {}
+    return {name: value.value if isinstance(value, MetadataValue) else value for name, value in metadata.items()}
 
 
 def _capture_lag(table: CapturedTable, key: AssetKey, last: Mapping[str, Any]) -> AssetCheckResult:
@@ -202,12 +230,8 @@ def _capture_lag(table: CapturedTable, key: AssetKey, last: Mapping[str, Any]) -
                             metadata={"capture_lag_s": lag, "bound_s": table.max_capture_lag_s})
 
 
-def _no_dead_letters(table: CapturedTable, key: AssetKey) -> AssetCheckResult:
-    target = table.dead_letter
-    count = 0
-    if target is not None and DeltaTable.is_deltatable(target.path, storage_options=dict(target.storage_options)):
-        dataset = DeltaTable(target.path, storage_options=dict(target.storage_options)).to_pyarrow_dataset()
-        count = dataset.count_rows(filter=pds.field("topic") == table.topic)
+def _no_dead_letters(table: CapturedTable, key: AssetKey, reads: "RunReads") -> AssetCheckResult:
+    count = reads.dead_letters(table.dead_letter).get(table.topic, 0) if table.dead_letter is not None else 0
     return AssetCheckResult(asset_key=key, check_name="no_dead_letters", passed=count == 0,
                             severity=AssetCheckSeverity.WARN, metadata={"dead_lettered_events": count})
 

@@ -99,6 +99,7 @@ class BatchReport:
     timings: dict[str, float] = field(default_factory=dict)
     dead_lettered: int = 0
     transactions: dict[str, object] | None = None
+    key_columns: tuple[str, ...] = ()  # the key its commit recorded
 
     @property
     def events_read(self) -> int:
@@ -426,6 +427,7 @@ def _apply(writer: DeltaWriter, table: CapturedTable, prepared: _Prepared) -> Ba
                          transactions=prepared.transactions)
     if prepared.commit is None:
         return report
+    report = replace(report, key_columns=prepared.commit.key_columns)
     if prepared.rows is None:
         mark = time.perf_counter()
         outcome = writer.commit_progress(table.target, prepared.commit)

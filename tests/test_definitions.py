@@ -316,7 +316,16 @@ def test_tables_merged_side_by_side_commit_their_own_offsets_and_dead_letters(sp
         bootstrap=broker.bootstrap_servers, root=tmp_path, writer=writer.name, prefix=prefix, tables=tables))
     with DagsterInstance.ephemeral() as instance:
         # Its blocking unique_keys checks fail the run if a table got a key twice.
-        assert build_definitions(config).resolve_job_def("cdc_merge_job").execute_in_process(instance=instance).success
+        result = build_definitions(config).resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
+        assert result.success
+    # Each table's checks see its own dead letter (the run reads the dead-letter table once) and its keys.
+    evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
+    materialized = {m.asset_key.path[-1]: m.materialization.metadata for m in result.get_asset_materialization_events()}
+    for index, name in enumerate(names):
+        assert evaluations[(name, "no_dead_letters")].metadata["dead_lettered_events"].value == 1, name
+        assert not evaluations[(name, "no_dead_letters")].passed
+        assert evaluations[(name, "unique_keys")].metadata["rows"].value == 4 + 2 * index
+        assert materialized[name]["key_columns"].value == ["id"]
     for index, table in enumerate(resolve_tables(config)):
         progress = writer.read_progress(table.target, table.app_id)
         assert progress is not None and progress.offsets == {0: 5 + 2 * index}, table.name

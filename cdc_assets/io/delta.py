@@ -167,7 +167,9 @@ class DeltaWriter(Protocol):
         ...
 
 
-def _progress_from_history(history: Sequence[Mapping[str, object]], app_id: str) -> TableProgress | None:
+def progress_from_history(history: Sequence[Mapping[str, object]], app_id: str) -> TableProgress | None:
+    """What the first batch commit of ``app_id`` in ``history`` (a Delta log's commit infos, newest first)
+    recorded; None if none did."""
     for entry in history:
         raw = entry.get("userMetadata")
         if not raw:
@@ -245,7 +247,7 @@ class DeltaRsWriter:
         table = self._table(target)
         if table is None:
             return None
-        progress = _progress_from_history(table.history(_HISTORY_WINDOW), app_id) or _progress_from_history(
+        progress = progress_from_history(table.history(_HISTORY_WINDOW), app_id) or progress_from_history(
             table.history(), app_id)
         txn_version = table.transaction_version(app_id)
         if txn_version is not None and (progress is None or progress.txn_version != txn_version):
@@ -415,7 +417,7 @@ class DeltaSparkWriter:
         history = self._history(target, _HISTORY_WINDOW)
         if history is None:
             return None
-        return _progress_from_history(history, app_id) or _progress_from_history(
+        return progress_from_history(history, app_id) or progress_from_history(
             self._history(target, None) or [], app_id)
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
