@@ -101,8 +101,8 @@ def table_name(index: int) -> str:
     return f"t{index:04d}"
 
 
-def _value_schema(table: str) -> dict[str, Any]:
-    row = {"type": "struct", "optional": True, "name": f"{PREFIX}.{SCHEMA}.{table}.Value", "fields": _ROW_FIELDS}
+def _value_schema(table: str, schema: str) -> dict[str, Any]:
+    row = {"type": "struct", "optional": True, "name": f"{PREFIX}.{schema}.{table}.Value", "fields": _ROW_FIELDS}
     source = {"type": "struct", "optional": False, "name": "io.debezium.connector.postgresql.Source", "fields": [
         {"type": "string", "optional": False, "field": "version"},
         {"type": "string", "optional": False, "field": "connector"},
@@ -115,7 +115,7 @@ def _value_schema(table: str) -> dict[str, Any]:
         {"type": "int64", "optional": True, "field": "txId"},
         {"type": "int64", "optional": True, "field": "lsn"},
         {"type": "int64", "optional": True, "field": "xmin"}]}
-    return {"type": "struct", "optional": False, "name": f"{PREFIX}.{SCHEMA}.{table}.Envelope", "fields": [
+    return {"type": "struct", "optional": False, "name": f"{PREFIX}.{schema}.{table}.Envelope", "fields": [
         {**row, "field": "before"}, {**row, "field": "after"}, {**source, "field": "source"},
         {"type": "string", "optional": False, "field": "op"},
         {"type": "int64", "optional": True, "field": "ts_ms"}]}
@@ -131,13 +131,16 @@ def _decimal_bytes(value: decimal.Decimal) -> str:
 class TableEvents:
     """One table's change events, drawn one at a time, and their reference fold (``state``: key -> (name,
     score, active, amount, updated_at, born_on)). Of ``events`` draws, the first fifth are snapshot reads;
-    then ~60% updates, ~25% creates, ~15% deletes, each delete followed by a tombstone."""
+    then ~60% updates, ~25% creates, ~15% deletes, each delete followed by a tombstone. ``schema``: the source
+    schema, in the topic's name (``topic``) and the events."""
 
-    def __init__(self, index: int, events: int, lsn_base: int, rng: random.Random):
+    def __init__(self, index: int, events: int, lsn_base: int, rng: random.Random, schema: str = SCHEMA):
         self.table = table_name(index)
+        self.schema = schema
+        self.topic = f"{PREFIX}.{schema}.{self.table}"
         self.state: dict[int, tuple] = {}
         self.drawn = 0
-        self._schema = json.dumps(_value_schema(self.table))  # serialized once: most of an event's bytes
+        self._schema = json.dumps(_value_schema(self.table, schema))  # serialized once: most of an event's bytes
         self._live: list[int] = []  # the state's keys in creation order (ascending), for a draw without a list copy
         self._rng, self._lsn_base, self._base_ts = rng, lsn_base, 1_795_000_000_000 + index
         self._snapshot = events // 5
@@ -164,8 +167,8 @@ class TableEvents:
         before = {"id": key, "name": None, "score": None, "active": None, "amount": None, "updated_at": None,
                   "born_on": None} if op == "d" else None
         source = {"version": "2.7.0.Final", "connector": "postgresql", "name": PREFIX, "ts_ms": ts,
-                  "snapshot": "true" if op == "r" else "false", "db": "bench", "schema": SCHEMA, "table": self.table,
-                  "txId": 1000 + i, "lsn": self._lsn_base + 64 * i, "xmin": None}
+                  "snapshot": "true" if op == "r" else "false", "db": "bench", "schema": self.schema,
+                  "table": self.table, "txId": 1000 + i, "lsn": self._lsn_base + 64 * i, "xmin": None}
         payload = {"before": before, "after": row, "source": source, "op": op, "ts_ms": ts + 5}
         value = f'{{"schema": {self._schema}, "payload": {json.dumps(payload)}}}'
         key_bytes = json.dumps({"schema": _KEY_SCHEMA, "payload": {"id": key}}).encode()
@@ -183,10 +186,10 @@ class TableEvents:
         return records
 
 
-def generate(index: int, events: int, lsn_base: int, rng: random.Random
+def generate(index: int, events: int, lsn_base: int, rng: random.Random, schema: str = SCHEMA
              ) -> tuple[list[tuple[bytes, bytes | None]], dict[int, tuple]]:
     """One table's records (``TableEvents``) and its reference fold."""
-    table = TableEvents(index, events, lsn_base, rng)
+    table = TableEvents(index, events, lsn_base, rng, schema)
     records = [record for _ in range(events) for record in table.next()]
     return records, table.state
 
@@ -199,10 +202,12 @@ def checksum(rows: dict[int, tuple]) -> str:
     return digest.hexdigest()[:16]
 
 
-def produce(bootstrap: str, tables: int, events: int, partitions: int) -> tuple[dict[str, tuple[int, str]], int]:
-    """Every table's topic and records; the oracle per table (rows, checksum) and the events produced."""
+def produce(bootstrap: str, tables: int, events: int, partitions: int, schema: str = SCHEMA
+            ) -> tuple[dict[str, tuple[int, str]], int]:
+    """Every table's topic and records (tables of the source ``schema``); the oracle per table (rows,
+    checksum) and the events produced."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    topics = [f"{PREFIX}.{SCHEMA}.{table_name(i)}" for i in range(tables)]
+    topics = [f"{PREFIX}.{schema}.{table_name(i)}" for i in range(tables)]
     for future in admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=1)
                                        for t in topics]).values():
         future.result()
@@ -211,7 +216,7 @@ def produce(bootstrap: str, tables: int, events: int, partitions: int) -> tuple[
     oracle: dict[str, tuple[int, str]] = {}
     produced = 0
     for index, topic in enumerate(topics):
-        records, state = generate(index, events, 100_000_000 + index * 1_000_000, rng)
+        records, state = generate(index, events, 100_000_000 + index * 1_000_000, rng, schema)
         produced += sum(1 for _, value in records if value is not None)
         for key, value in records:
             produce_waiting(producer, topic, key, value)

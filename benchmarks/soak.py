@@ -10,17 +10,20 @@ watermarks with the offsets its table has committed and requests one run of ``cd
 tables with new events (an asset selection, as the product's transaction and backfill sensors request:
 the connector's merge op runs for those tables only). By default each run is a fresh process that loads
 the code location and executes the run, as a run worker does, so every run pays for its Python and
-Dagster start (Spark is the local Spark server the runs share, started by the first); ``--runs-in same``
-runs them with ``execute_in_process`` in this process. Fresh runs store their events in the SQLite
+Dagster start (Spark is the local Spark server the runs share); ``--runs-in same`` runs them with
+``execute_in_process`` in this process. Before production begins, runs over tables of their own start the
+local server and warm it until it is steady, as a deployment's server outlives its runs (``--warm-passes``;
+0: the first soak run starts it cold). Fresh runs store their events in the SQLite
 instance of their ``DAGSTER_HOME``, as a deployment's runs do by default; ``--instance memory`` gives each
 run an instance of its own in memory, to tell Dagster's storage apart from the pipeline. Peak RSS counts
 the runs and the local Spark server, sampled together (with ``--runs-in same``, this process too); the
-soak's own process (``harness_peak_rss_gib``) is reported apart. An event's lag is the time from its
-production to the end of the run that committed it (the offsets come from the table's Delta commits). After
+soak's own process (``harness_peak_rss_gib``) is reported apart. An event's capture lag is the time from its
+production to the Delta commit of its table that holds it (each commit's time and offsets from the table's
+log), when a reader sees it; the lag to the end of that commit's run is reported beside it. After
 the last run every table is checked against the reference fold of what was produced (row count and checksum).
 
     python -m benchmarks.soak [--tables 50] [--rate 5000] [--seconds 600] [--runs-in fresh|same]
-                              [--instance disk|memory]
+                              [--instance disk|memory] [--warm-passes 5]
 """
 
 from __future__ import annotations
@@ -46,17 +49,21 @@ import psutil
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from dagster import AssetKey, DagsterInstance
+from deltalake import DeltaTable
 
-from benchmarks.many_tables import PREFIX, SCHEMA, TableEvents, checksum, mismatches, table_name
-from benchmarks.measure import PeakRss
+from benchmarks.many_tables import PREFIX, SCHEMA, TableEvents, checksum, mismatches, produce, table_name
+from benchmarks.measure import PeakRss, warm_until_steady
 from benchmarks.merge_throughput import _cpu
 from cdc_assets.catalog import CapturedTable, resolve_tables
 from cdc_assets.config import load_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
-from cdc_assets.io.delta import DeltaRsWriter
+from cdc_assets.io.delta import DeltaTarget, progress_from_history
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
 from cdc_assets.translator import CdcTranslator
+
+WARM_SCHEMA = "warm"
+WARM_EVENTS = 2_000  # a warm-up table's events: about what a soak run finds in a table at 5,000 events/s over 50
 
 CONFIG = """
 kafka: {{bootstrap_servers: "{bootstrap}"}}
@@ -86,13 +93,9 @@ class RateProducer(threading.Thread):
         super().__init__(daemon=True)
         self.rate, self.seconds, self.tables, self.partitions = rate, seconds, tables, partitions
         self.produced_at: dict[str, dict[int, array]] = {
-            self.topic(t): {p: array("d") for p in range(partitions)} for t in tables}
+            t.topic: {p: array("d") for p in range(partitions)} for t in tables}
         self.count = 0
         self._servers = bootstrap
-
-    @staticmethod
-    def topic(table: TableEvents) -> str:
-        return f"{PREFIX}.{SCHEMA}.{table.table}"
 
     def run(self) -> None:
         producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": self._servers, "linger.ms": 100,
@@ -102,7 +105,7 @@ class RateProducer(threading.Thread):
             due = int((time.time() - started) * self.rate) - self.count
             for _ in range(max(due, 0)):
                 table = self.tables[self.count % len(self.tables)]
-                topic = self.topic(table)
+                topic = table.topic
                 now_ms = int(time.time() * 1000)
                 for key, value in table.next(now_ms):
                     partition = zlib.crc32(key) % self.partitions
@@ -157,6 +160,70 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
 
+def batch_commits(target: DeltaTarget, app_id: str, after: int) -> list[tuple[int, float, dict[int, int]]]:
+    """The table's batch commits after version ``after``, oldest first: (version, commit time in seconds,
+    the offsets it recorded); none if there is no table yet."""
+    if not DeltaTable.is_deltatable(target.path):
+        return []
+    table = DeltaTable(target.path)
+    commits = []
+    for entry in table.history(table.version() - after):
+        progress = progress_from_history([entry], app_id)
+        if progress is not None and progress.delta_version > after:
+            commits.append((progress.delta_version, int(str(entry["timestamp"])) / 1000, progress.offsets))
+    return sorted(commits)
+
+
+def write_config(path: Path, bootstrap: str, root: Path, max_records: int, schema: str, tables: int) -> Path:
+    """The soak's pipeline config: one PostgreSQL connector, ``tables`` tables of the source ``schema``."""
+    path.write_text(CONFIG.format(
+        bootstrap=bootstrap, root=root, max_records=max_records, prefix=PREFIX,
+        tables="\n".join(f"      - name: {schema}.{table_name(i)}" for i in range(tables))))
+    return path
+
+
+def fresh_run(keys: list[AssetKey], env: dict[str, str], instance_kind: str) -> tuple[bool, str, float]:
+    """One ``cdc_merge_job`` run of ``keys`` in a fresh process (``child_run``), as a run worker does:
+    whether it succeeded, its error output, and its CPU seconds."""
+    command = [sys.executable, "-m", "benchmarks.soak", "--instance", instance_kind,
+               "--run", json.dumps([k.path for k in keys])]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    process = subprocess.run(command, env=env, cwd=Path(__file__).resolve().parent.parent, capture_output=True,
+                             text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return process.returncode == 0, process.stderr[-3000:], cpu
+
+
+def server_cpu() -> float:
+    """The CPU seconds of the running local Spark servers."""
+    return sum(_cpu(state["pid"]) for _, state in running_servers())
+
+
+def warm_server(work: Path, bootstrap: str, args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
+    """Starts the local Spark server and warms it before production begins, as a deployment's server that
+    outlives its runs is: runs of the same connector over tables of their own (source schema
+    ``WARM_SCHEMA``, ``WARM_EVENTS`` events each), each into a fresh Delta root, until the server is steady
+    (``warm_until_steady``). The results (``wall_s``, ``cpu``) of the runs."""
+    produce(bootstrap, args.tables, WARM_EVENTS, args.partitions, schema=WARM_SCHEMA)
+
+    def run(number: int) -> dict:
+        config = write_config(work / f"warm-{number}.yaml", bootstrap, work / f"delta-warm-{number}",
+                              args.max_records, WARM_SCHEMA, args.tables)
+        translator = CdcTranslator()
+        keys = [translator.get_asset_key(table) for table in resolve_tables(load_config(config))]
+        before, started = server_cpu(), time.time()
+        ok, error, _ = fresh_run(keys, {**env, "CDC_ASSETS_CONFIG": str(config)}, args.instance)
+        if not ok:
+            raise SystemExit(f"warm-up run {number} failed:\n{error}")
+        result = {"wall_s": time.time() - started, "cpu": {"server": server_cpu() - before}}
+        print(f"  warm-up {number}: {result['wall_s']:.1f} s, the server's CPU {result['cpu']['server']:.1f} s",
+              flush=True)
+        return result
+
+    return warm_until_steady(run, args.warm_passes)
+
+
 def child_run(selection: str, instance_kind: str) -> None:
     """One run in this (fresh) process: load the code location, run ``cdc_merge_job`` for the selected assets,
     storing its events in the instance of ``DAGSTER_HOME`` (``disk``) or in one of its own in memory."""
@@ -187,6 +254,9 @@ def main() -> None:
                         help="where fresh runs store their events: disk, the SQLite instance of DAGSTER_HOME (a "
                              "deployment's default); memory, an instance of each run's own (Dagster's storage "
                              "cost left out, and no run sees another's events)")
+    parser.add_argument("--warm-passes", type=int, default=5,
+                        help="before production, warm the local Spark server with up to this many runs of tables "
+                             "of their own, until it is steady (0: the first run starts it cold)")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
@@ -204,10 +274,8 @@ def main() -> None:
                                            for t in topics]).values():
             future.result()
         root = Path(work) / "delta"
-        config_path = Path(work) / "pipeline.yaml"
-        config_path.write_text(CONFIG.format(
-            bootstrap=broker.bootstrap_servers, root=root, max_records=args.max_records, prefix=PREFIX,
-            tables="\n".join(f"      - name: {SCHEMA}.{table_name(i)}" for i in range(args.tables))))
+        config_path = write_config(Path(work) / "pipeline.yaml", broker.bootstrap_servers, root, args.max_records,
+                                   SCHEMA, args.tables)
         config = load_config(config_path)
         tables: dict[str, CapturedTable] = {table.topic: table for table in resolve_tables(config)}
         assert set(tables) == set(topics), "the connector's tables are the produced topics"
@@ -218,26 +286,32 @@ def main() -> None:
         # runs that looked in the default directory started a server the soak neither measured nor stopped.
         os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")
         env = {**os.environ, "CDC_ASSETS_CONFIG": str(config_path), "DAGSTER_HOME": str(dagster_home)}
-        repository = Path(__file__).resolve().parent.parent
         translator = CdcTranslator()
-        writer = DeltaRsWriter()
+        # An event's lag: from its production to its table's commit that holds it (visible in Delta), and
+        # to the end of that commit's run (as the sensor sees it).
         lags: dict[str, list[float]] = {topic: [] for topic in topics}
+        run_end_lags: list[float] = []
         committed: dict[str, dict[int, int]] = {topic: {} for topic in topics}
+        versions = dict.fromkeys(topics, -1)
         run_seconds: list[float] = []
         # Where the 2 cores go: this process (producer and sensor loop; the runs too with --runs-in same),
         # the broker, the local Spark server and the fresh runs (each waited for: its own CPU).
-        harness_cpu = sum(psutil.Process().cpu_times()[:2])
-        broker_cpu = _cpu(broker.pid or -1)
-        runs_cpu = 0.0
         run_tables: list[int] = []
         max_backlog = 0
-        server_found = False
         try:
+            warm_ups = warm_server(Path(work), broker.bootstrap_servers, args, env) if args.warm_passes else []
+            server_found = bool(warm_ups)
+            harness_cpu = sum(psutil.Process().cpu_times()[:2])
+            broker_cpu = _cpu(broker.pid or -1)
+            server_cpu_before = server_cpu()
+            runs_cpu = 0.0
             with contextlib.ExitStack() as stack:
                 instance = stack.enter_context(DagsterInstance.ephemeral())
                 # Fresh runs: the runs and the local server, sampled together; this process (the producer,
                 # the sensor's loop, every offset's production time) is the harness, counted apart.
                 rss = stack.enter_context(PeakRss(exclude_pid=broker.pid or -1, count_root=args.runs_in == "same"))
+                if server_found:
+                    rss.add_root(running_servers()[0][1]["pid"])
                 producer.start()
                 deadline = time.time() + args.seconds + args.drain_seconds
                 while time.time() < deadline:
@@ -255,13 +329,8 @@ def main() -> None:
                         done = job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=False)
                         ok, error = done.success, "see the log above"
                     else:
-                        command = [sys.executable, "-m", "benchmarks.soak", "--instance", args.instance,
-                                   "--run", json.dumps([k.path for k in keys])]
-                        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-                        process = subprocess.run(command, env=env, cwd=repository, capture_output=True, text=True)
-                        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                        runs_cpu += after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-                        ok, error = process.returncode == 0, process.stderr[-3000:]
+                        ok, error, cpu = fresh_run(keys, env, args.instance)
+                        runs_cpu += cpu
                     finished = time.time()
                     run_seconds.append(finished - started)
                     run_tables.append(len(selected))
@@ -274,17 +343,20 @@ def main() -> None:
                         rss.add_root(servers[0][1]["pid"])
                         server_found = True
                     for topic in selected:
-                        progress = writer.read_progress(tables[topic].target, tables[topic].app_id)
-                        for partition, end in (progress.offsets if progress else {}).items():
-                            times = producer.produced_at[topic].get(partition, array("d"))
-                            lags[topic].extend(finished - produced
-                                               for produced in times[committed[topic].get(partition, 0):end]
-                                               if not math.isnan(produced))
-                            committed[topic][partition] = end
+                        for version, committed_at, offsets in batch_commits(tables[topic].target,
+                                                                            tables[topic].app_id, versions[topic]):
+                            for partition, end in offsets.items():
+                                times = producer.produced_at[topic].get(partition, array("d"))
+                                produced = [t for t in times[committed[topic].get(partition, 0):end]
+                                            if not math.isnan(t)]
+                                lags[topic].extend(committed_at - t for t in produced)
+                                run_end_lags.extend(finished - t for t in produced)
+                                committed[topic][partition] = end
+                            versions[topic] = version
             producer.join(5)
             harness_cpu = sum(psutil.Process().cpu_times()[:2]) - harness_cpu
             broker_cpu = _cpu(broker.pid or -1) - broker_cpu
-            server_cpu = sum(_cpu(state["pid"]) for _, state in running_servers())
+            server_cpu_used = server_cpu() - server_cpu_before
             highs = high_watermarks(admin, topics, args.partitions)
             producer.check_offsets(highs)
             behind = sum(backlog(highs, committed).values())
@@ -300,19 +372,23 @@ def main() -> None:
             "tables": args.tables, "rate_events_per_s": args.rate, "seconds": args.seconds,
             "events_produced": producer.count, "events_applied": len(every), "runs": len(run_seconds),
             "runs_in": args.runs_in, "instance": args.instance,
+            "warm_up_runs_s": [round(run["wall_s"], 1) for run in warm_ups],
+            "warm_up_server_cpu_s": [round(run["cpu"]["server"], 1) for run in warm_ups],
             "tables_per_run_mean": round(statistics.fmean(run_tables), 1) if run_tables else None,
             "run_s_p50": round(percentile(run_seconds, 50), 2) if run_seconds else None,
             "run_s_max": round(max(run_seconds), 2) if run_seconds else None,
             "lag_p50_s": round(percentile(every, 50), 2) if every else None,
             "lag_p95_s": round(percentile(every, 95), 2) if every else None,
             "lag_max_s": round(max(every), 2) if every else None,
+            "lag_to_run_end_p50_s": round(percentile(run_end_lags, 50), 2) if run_end_lags else None,
+            "lag_to_run_end_p95_s": round(percentile(run_end_lags, 95), 2) if run_end_lags else None,
             "worst_table_lag_p95_s": {worst: round(table_p95[worst], 2)} if worst else None,
             "max_backlog_records": max_backlog,
             "records_waiting_at_end": behind,
             "peak_rss_gib": round(rss.peak / 2**30, 2),
             "harness_peak_rss_gib": round(rss.peak_python / 2**30, 2),
             "cpu_s": {"harness": round(harness_cpu, 1), "broker": round(broker_cpu, 1),
-                      "server": round(server_cpu, 1), "runs": round(runs_cpu, 1)},
+                      "server": round(server_cpu_used, 1), "runs": round(runs_cpu, 1)},
             "nothing_lost": not lost and not behind and len(every) == producer.count,
             "tables_differing": lost,
         }, indent=2))

@@ -1,18 +1,23 @@
 """The soak's producer knows each record's offset and production time without a delivery callback: on a
-real broker, every partition holds what it noted, in that order, with those timestamps."""
+real broker, every partition holds what it noted, in that order, with those timestamps. Its capture lag
+ends at the Delta commit that holds each event."""
 
 from __future__ import annotations
 
 import math
 import random
+import time
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from deltalake import write_deltalake
 
 from benchmarks.many_tables import TableEvents
-from benchmarks.soak import RateProducer, high_watermarks
+from benchmarks.soak import RateProducer, batch_commits, high_watermarks
 from cdc_assets.demo.broker import ApacheKafkaBroker
+from cdc_assets.io.delta import CommitRequest, DeltaRsWriter, DeltaTarget
 
 
 def test_the_noted_offsets_and_times_are_the_brokers(broker: ApacheKafkaBroker) -> None:
@@ -50,3 +55,22 @@ def test_the_noted_offsets_and_times_are_the_brokers(broker: ApacheKafkaBroker) 
     highs[topics[0]][0] += 1  # one record more on the broker than noted: the check must refuse it
     with pytest.raises(SystemExit, match="not the produced order"):
         producer.check_offsets(highs)
+
+
+def test_each_commit_gives_its_own_time_and_offsets(tmp_path) -> None:
+    # The soak's capture lag ends at the commit that holds an event: every batch commit after the last
+    # one seen, oldest first, with the time it was made.
+    target = DeltaTarget(str(tmp_path / "t"))
+    write_deltalake(target.path, pa.table({"id": pa.array([], pa.int64())}))
+    writer = DeltaRsWriter()
+    before = time.time()
+    for version, offsets in enumerate(({0: 3, 1: 2}, {0: 5, 1: 2}, {0: 9, 1: 4}), start=1):
+        writer.commit_progress(target, CommitRequest("app", version, "p.s.t", offsets))
+        time.sleep(0.05)
+    commits = batch_commits(target, "app", -1)
+    assert [(v, o) for v, _, o in commits] == [(1, {0: 3, 1: 2}), (2, {0: 5, 1: 2}), (3, {0: 9, 1: 4})]
+    times = [t for _, t, _ in commits]
+    assert before - 1 <= times[0] < times[1] < times[2] <= time.time() + 1
+    assert [v for v, _, _ in batch_commits(target, "app", 2)] == [3]
+    assert batch_commits(target, "other", -1) == []
+    assert batch_commits(DeltaTarget(str(tmp_path / "none")), "app", -1) == []
