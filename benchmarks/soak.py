@@ -300,7 +300,6 @@ def main() -> None:
         max_backlog = 0
         try:
             warm_ups = warm_server(Path(work), broker.bootstrap_servers, args, env) if args.warm_passes else []
-            server_found = bool(warm_ups)
             harness_cpu = sum(psutil.Process().cpu_times()[:2])
             broker_cpu = _cpu(broker.pid or -1)
             server_cpu_before = server_cpu()
@@ -310,8 +309,10 @@ def main() -> None:
                 # Fresh runs: the runs and the local server, sampled together; this process (the producer,
                 # the sensor's loop, every offset's production time) is the harness, counted apart.
                 rss = stack.enter_context(PeakRss(exclude_pid=broker.pid or -1, count_root=args.runs_in == "same"))
-                if server_found:
-                    rss.add_root(running_servers()[0][1]["pid"])
+                servers = running_servers()  # started by the warm-up runs, if any
+                if servers:
+                    rss.add_root(servers[0][1]["pid"])
+                server_found = bool(servers)
                 producer.start()
                 deadline = time.time() + args.seconds + args.drain_seconds
                 while time.time() < deadline:

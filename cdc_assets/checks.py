@@ -46,11 +46,11 @@ from cdc_assets.translator import CdcTranslator
 
 
 def _key_report(table: CapturedTable, delta: DeltaResource, spark: SparkResource,
-                materialized: MaterializeResult | None) -> KeyReport | None:
+                merged_keys: Sequence[str]) -> KeyReport | None:
     """Key statistics of the table; its key columns are the configured ones, else those this step's merge
-    recorded in ``materialized`` or, if it applied nothing, its last batch commit (taken from the record keys)."""
+    recorded (``merged_keys``) or, if it applied nothing, its last batch commit (taken from the record keys)."""
     writer = delta.writer_for_schema_changes(spark)
-    keys = table.key_columns or tuple(_plain_metadata(materialized).get("key_columns") or ())
+    keys = table.key_columns or tuple(merged_keys)
     if not keys:
         progress = writer.read_progress(table.target, table.app_id)
         keys = progress.key_columns if progress else ()
@@ -181,9 +181,10 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
     """The results of the ``selected`` checks (names) of ``table`` among ``table_check_specs``;
     ``reads``: the op run's shared reads; ``materialized``: the table's materialization in this step, if
     it merged (else its latest is read from ``instance``)."""
+    merged = _plain_metadata(materialized)
     if selected & set(KEY_CHECKS):
         # One scan of the keys serves both checks.
-        report = _key_report(table, delta, spark, materialized)
+        report = _key_report(table, delta, spark, merged.get("key_columns") or ())
         if "unique_keys" in selected:
             yield AssetCheckResult(
                 asset_key=key, check_name="unique_keys", passed=report is None or report.duplicate_keys == 0,
@@ -197,7 +198,7 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
     last: dict[str, Any] = {}  # the metadata of the table's latest materialization
     if selected & {"capture_lag", "transactions_reconciled"}:
         if materialized is not None:  # this step's: no read of the event log
-            last = _plain_metadata(materialized)
+            last = merged
         else:
             event = instance.get_latest_materialization_event(key)
             if event is not None and event.asset_materialization is not None:

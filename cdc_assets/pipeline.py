@@ -424,10 +424,10 @@ def _apply(writer: DeltaWriter, table: CapturedTable, prepared: _Prepared) -> Ba
     (or put them in the dead-letter table, as the table is configured) before anything is committed."""
     raw, timings = prepared.raw, prepared.timings
     report = BatchReport(table, writer.name, raw, prepared.tombstones, prepared.summary, None, timings,
-                         transactions=prepared.transactions)
+                         transactions=prepared.transactions,
+                         key_columns=prepared.commit.key_columns if prepared.commit is not None else ())
     if prepared.commit is None:
         return report
-    report = replace(report, key_columns=prepared.commit.key_columns)
     if prepared.rows is None:
         mark = time.perf_counter()
         outcome = writer.commit_progress(table.target, prepared.commit)
