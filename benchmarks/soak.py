@@ -43,18 +43,20 @@ import threading
 import time
 import zlib
 from array import array
+from collections.abc import Mapping
 from pathlib import Path
 
 import psutil
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, JobDefinition
 from deltalake import DeltaTable
 
 from benchmarks.many_tables import PREFIX, SCHEMA, TableEvents, checksum, mismatches, produce, table_name
 from benchmarks.measure import PeakRss, warm_until_steady
 from benchmarks.merge_throughput import _cpu
 from cdc_assets.catalog import CapturedTable, resolve_tables
+from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import load_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
@@ -182,11 +184,26 @@ def write_config(path: Path, bootstrap: str, root: Path, max_records: int, schem
     return path
 
 
-def fresh_run(keys: list[AssetKey], env: dict[str, str], instance_kind: str) -> tuple[bool, str, float]:
-    """One ``cdc_merge_job`` run of ``keys`` in a fresh process (``child_run``), as a run worker does:
+def request(tables: Mapping[AssetKey, CapturedTable]) -> dict[str, list]:
+    """A run request for ``tables``, as the project's sensors make it: their assets and the checks their merge
+    run evaluates (``merge_run_checks``), as JSON."""
+    return {"assets": [key.path for key in tables],
+            "checks": [[check.asset_key.path, check.name] for check in merge_run_checks(tables)]}
+
+
+def requested_job(job: JobDefinition, selection: Mapping[str, list]) -> JobDefinition:
+    """``job`` cut to a run ``request``'s selection, as Dagster launches it."""
+    return job.get_subset(asset_selection={AssetKey(path) for path in selection["assets"]},
+                          asset_check_selection={AssetCheckKey(AssetKey(path), name)
+                                                 for path, name in selection["checks"]})
+
+
+def fresh_run(tables: Mapping[AssetKey, CapturedTable], env: dict[str, str],
+              instance_kind: str) -> tuple[bool, str, float]:
+    """One ``cdc_merge_job`` run of ``tables`` in a fresh process (``child_run``), as a run worker does:
     whether it succeeded, its error output, and its CPU seconds."""
     command = [sys.executable, "-m", "benchmarks.soak", "--instance", instance_kind,
-               "--run", json.dumps([k.path for k in keys])]
+               "--run", json.dumps(request(tables))]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     process = subprocess.run(command, env=env, cwd=Path(__file__).resolve().parent.parent, capture_output=True,
                              text=True)
@@ -211,9 +228,9 @@ def warm_server(work: Path, bootstrap: str, args: argparse.Namespace, env: dict[
         config = write_config(work / f"warm-{number}.yaml", bootstrap, work / f"delta-warm-{number}",
                               args.max_records, WARM_SCHEMA, args.tables)
         translator = CdcTranslator()
-        keys = [translator.get_asset_key(table) for table in resolve_tables(load_config(config))]
+        tables = {translator.get_asset_key(table): table for table in resolve_tables(load_config(config))}
         before, started = server_cpu(), time.time()
-        ok, error, _ = fresh_run(keys, {**env, "CDC_ASSETS_CONFIG": str(config)}, args.instance)
+        ok, error, _ = fresh_run(tables, {**env, "CDC_ASSETS_CONFIG": str(config)}, args.instance)
         if not ok:
             raise SystemExit(f"warm-up run {number} failed:\n{error}")
         result = {"wall_s": time.time() - started, "cpu": {"server": server_cpu() - before}}
@@ -225,13 +242,14 @@ def warm_server(work: Path, bootstrap: str, args: argparse.Namespace, env: dict[
 
 
 def child_run(selection: str, instance_kind: str) -> None:
-    """One run in this (fresh) process: load the code location, run ``cdc_merge_job`` for the selected assets,
-    storing its events in the instance of ``DAGSTER_HOME`` (``disk``) or in one of its own in memory."""
+    """One run in this (fresh) process: load the code location, run ``cdc_merge_job`` for a run request's
+    ``selection`` (``request``), storing its events in the instance of ``DAGSTER_HOME`` (``disk``) or in one
+    of its own in memory."""
     from cdc_assets.definitions import defs
 
     instance = DagsterInstance.get() if instance_kind == "disk" else DagsterInstance.ephemeral()
-    result = defs.resolve_job_def("cdc_merge_job").execute_in_process(
-        instance=instance, asset_selection=[AssetKey(path) for path in json.loads(selection)], raise_on_error=False)
+    job = requested_job(defs.resolve_job_def("cdc_merge_job"), json.loads(selection))
+    result = job.execute_in_process(instance=instance, raise_on_error=False)
     if not result.success:
         failures = [str(e.event_specific_data) for e in result.all_events if e.is_failure][:3]
         raise SystemExit("cdc_merge_job failed: " + "\n".join(failures))
@@ -324,13 +342,14 @@ def main() -> None:
                             break
                         time.sleep(0.5)
                         continue
-                    keys = [translator.get_asset_key(tables[topic]) for topic in selected]
+                    chosen = {translator.get_asset_key(tables[topic]): tables[topic] for topic in selected}
                     started = time.time()
                     if args.runs_in == "same":
-                        done = job.execute_in_process(instance=instance, asset_selection=keys, raise_on_error=False)
+                        done = requested_job(job, request(chosen)).execute_in_process(instance=instance,
+                                                                                      raise_on_error=False)
                         ok, error = done.success, "see the log above"
                     else:
-                        ok, error, cpu = fresh_run(keys, env, args.instance)
+                        ok, error, cpu = fresh_run(chosen, env, args.instance)
                         runs_cpu += cpu
                     finished = time.time()
                     run_seconds.append(finished - started)

@@ -30,7 +30,7 @@ from pyspark.sql.types import StructType
 
 from cdc_assets.api import apply_pending
 from cdc_assets.catalog import CapturedTable
-from cdc_assets.checks import RunReads, as_evaluations, evaluate_table_checks, table_check_specs
+from cdc_assets.checks import RunReads, as_evaluations, evaluate_table_checks, merge_check_specs
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka_source import KafkaSource
@@ -134,7 +134,7 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
     (``name``, default ``<connector>_merge``): a run merges the selected tables, ``limits.concurrent_tables``
     at once (``merge_concurrently``), each MERGEing its new change events into Delta one micro-batch (one
     commit) at a time, up to ``limits.max_batches_per_run``, and then evaluates each table's checks
-    (``table_check_specs``), in config order.
+    (``merge_check_specs``), in config order.
     A table whose merge fails does not stop the others; the op fails after them, naming it.
 
     ``peers``: the transaction-consistent tables of the connector (for the watermark);
@@ -151,7 +151,7 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                        owners=translator.get_owners(table) or None, tags=translator.get_tags(table),
                        freshness_policy=translator.get_freshness_policy(table))
              for key, table in by_key.items()]
-    table_specs = {key: table_check_specs(table, key) for key, table in by_key.items()}
+    table_specs = {key: merge_check_specs(table, key) for key, table in by_key.items()}
 
     @multi_asset(
         name=name or merge_op_name(connector),

@@ -7,7 +7,14 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from cdc_assets.config import DEFAULT_UNAVAILABLE_PLACEHOLDER, ConfigError, ConnectorConfig, PipelineConfig, TableConfig
+from cdc_assets.config import (
+    DEFAULT_UNAVAILABLE_PLACEHOLDER,
+    ChecksAfterMerge,
+    ConfigError,
+    ConnectorConfig,
+    PipelineConfig,
+    TableConfig,
+)
 from cdc_assets.core.apply_modes import ApplyMode, ApplyModeName, apply_mode
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.registry import RegistryEntry
@@ -39,6 +46,7 @@ class CapturedTable:
     max_heartbeat_age_s: float | None = None  # the connector sends heartbeats: how old the newest may be
     unavailable_placeholder: str = DEFAULT_UNAVAILABLE_PLACEHOLDER  # the connector's unavailable.value.placeholder
     on_truncate: str = "halt"
+    checks_after_merge: ChecksAfterMerge = "blocking"  # the pipeline's: which checks its merge runs evaluate
 
     @property
     def app_id(self) -> str:
@@ -98,6 +106,7 @@ def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: T
         watermarks=DeltaTarget(pipeline_table_path(config.delta.root, "watermarks"), options),
         max_watermark_lag_s=connector.max_watermark_lag_s,
         max_heartbeat_age_s=connector.max_heartbeat_age_s,
+        checks_after_merge=config.checks_after_merge,
         unavailable_placeholder=connector.unavailable_value_placeholder,
         on_truncate=table.on_truncate,
     )

@@ -5,9 +5,10 @@ its bound, no event of the table sits in the dead-letter table, and the Delta sc
 column the source last announced.
 
 Each table shows its own checks, but they are not an op each (thousands of ops made the code location
-load in minutes): the checks that look at what a merge left are check specs of the connector's merge
-op (``cdc_assets.assets``), evaluated there after each table's merge or on their own when only they are
-selected; the live ``freshness`` checks are one subsettable check op per connector."""
+load in minutes): the checks a merge run evaluates after each table's merge (``merge_check_specs``: the
+blocking key checks, or all with ``checks_after_merge: all``) are check specs of the connector's merge
+op (``cdc_assets.assets``), also evaluated on their own when only they are selected; the others, and the
+live ``freshness`` checks, are a subsettable check op each per connector, run on the freshness schedule."""
 
 import functools
 import json
@@ -19,6 +20,7 @@ import pyarrow.compute as pc
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckExecutionContext,
+    AssetCheckKey,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
@@ -37,7 +39,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
-from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget, KeyReport
+from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget, KeyReport, open_table
 from cdc_assets.io.freshness import TableFreshness, TopicProbe, freshness_verdict
 from cdc_assets.io.registry import RegistryEntry, read_registry
 from cdc_assets.io.transactions import latest_watermark
@@ -86,9 +88,9 @@ KEY_CHECKS = ("unique_keys", "no_null_keys")  # blocking; one scan of the keys s
 
 
 def table_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpec]:
-    """The specs of the checks that look at what a merge of ``table`` left: check specs of the
-    connector's merge op, evaluated there after the table's merge, or on their own when only they are
-    selected (``evaluate_table_checks``)."""
+    """The specs of the checks that look at what the merges of ``table`` left (``evaluate_table_checks``):
+    those its merge runs evaluate (``merge_check_specs``) are check specs of the connector's merge op, the
+    others (``scheduled_check_specs``) of its scheduled check op (``build_scheduled_table_checks``)."""
     name = table.name
     specs = [
         AssetCheckSpec("unique_keys", asset=key, blocking=True,
@@ -108,6 +110,30 @@ def table_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpe
                 f"The connector's consistent watermark is at most {table.max_watermark_lag_s:.0f}s old.")),
         ]
     return specs
+
+
+def evaluated_after_merge(table: CapturedTable, spec: AssetCheckSpec) -> bool:
+    """Whether a merge run of ``table`` evaluates its check ``spec``: the blocking checks always (they stop
+    what depends on a table whose keys broke), the warnings with ``checks_after_merge: all`` only, else on the
+    freshness schedule. Each evaluation is an event Dagster stores (31-38 ms each in its SQLite storage: five
+    checks a table were half of a 50-table run's time, docs/performance.md)."""
+    return spec.blocking or table.checks_after_merge == "all"
+
+
+def merge_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpec]:
+    """The checks of ``table`` (``table_check_specs``) that its merge run evaluates."""
+    return [spec for spec in table_check_specs(table, key) if evaluated_after_merge(table, spec)]
+
+
+def scheduled_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpec]:
+    """The checks of ``table`` (``table_check_specs``) left to the freshness schedule's runs."""
+    return [spec for spec in table_check_specs(table, key) if not evaluated_after_merge(table, spec)]
+
+
+def merge_run_checks(selected: Mapping[AssetKey, CapturedTable]) -> list[AssetCheckKey]:
+    """The checks a merge run of the ``selected`` tables evaluates, for its run request to name: without
+    them Dagster adds every check of the selected assets, the scheduled ones' ops too."""
+    return [spec.key for key, table in selected.items() for spec in merge_check_specs(table, key)]
 
 
 def as_evaluations(results: Iterable[AssetCheckResult], specs: Sequence[AssetCheckSpec],
@@ -154,13 +180,10 @@ class RunReads:
     def dead_letters(self, target: DeltaTarget) -> dict[str, int]:
         """The events in the dead-letter table ``target`` per topic, as of its latest version."""
         seen = self._dead_letters.get(target.path)
-        if seen is None:
-            options = dict(target.storage_options)
-            if not DeltaTable.is_deltatable(target.path, storage_options=options):
-                return {}  # none yet: looked for again by the next check, as a merge may create it
-            table = DeltaTable(target.path, storage_options=options)
-        else:
-            table = seen[0]
+        table = seen[0] if seen is not None else open_table(target)
+        if table is None:
+            return {}  # none yet: looked for again by the next check, as a merge may create it
+        if seen is not None:
             table.update_incremental()  # a merge of this run may have dead-lettered events since
             if table.version() == seen[1]:
                 return seen[2]
@@ -271,6 +294,31 @@ def _consistent_watermark_fresh(table: CapturedTable, key: AssetKey) -> AssetChe
                             passed=age <= table.max_watermark_lag_s, severity=AssetCheckSeverity.WARN,
                             metadata={"transaction_id": latest["transaction_id"], "age_s": round(age, 3),
                                       "versions": json.loads(latest["versions"])})
+
+
+def build_scheduled_table_checks(name: str, tables: Sequence[CapturedTable],
+                                 translator: CdcTranslator | None = None) -> AssetChecksDefinition | None:
+    """The checks of ``tables`` (one connector's) that their merge runs leave to the freshness schedule
+    (``scheduled_check_specs``), in one subsettable check op named ``name`` without the merge op's pool (a
+    merge waits for no check); None when the merge runs evaluate every check. Each looks at the table's
+    latest materialization, Delta table and the dead-letter table as they are when it runs."""
+    translator = translator or CdcTranslator()
+    by_key = {translator.get_asset_key(table): table for table in tables}
+    specs = [spec for key, table in by_key.items() for spec in scheduled_check_specs(table, key)]
+    if not specs:
+        return None
+
+    @multi_asset_check(name=name, specs=specs, can_subset=True)
+    def table_checks(context: AssetCheckExecutionContext, spark: SparkResource,
+                     delta: DeltaResource) -> Iterator[AssetCheckResult]:
+        selected: dict[AssetKey, set[str]] = {}
+        for check_key in context.selected_asset_check_keys:
+            selected.setdefault(check_key.asset_key, set()).add(check_key.name)
+        reads = RunReads(delta)
+        for key, names in selected.items():
+            yield from evaluate_table_checks(by_key[key], key, names, context.instance, delta, spark, reads)
+
+    return table_checks
 
 
 def build_freshness_checks(name: str, tables: Sequence[CapturedTable],

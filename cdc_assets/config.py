@@ -240,6 +240,10 @@ class ConnectorConfig(_Model):
         return self
 
 
+# Which table checks a merge run evaluates (``cdc_assets.checks.evaluated_after_merge``).
+ChecksAfterMerge = Literal["blocking", "all"]
+
+
 class MergeScheduleConfig(_Model):
     """A cron schedule for ``cdc_merge_job``."""
 
@@ -273,6 +277,9 @@ class PipelineConfig(_Model):
     freshness_schedule: FreshnessScheduleConfig = Field(default_factory=FreshnessScheduleConfig)
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     max_capture_lag_s: float = Field(default=3600.0, gt=0, description="default bound of the capture-lag check")
+    checks_after_merge: ChecksAfterMerge = Field(default="blocking", description=(
+        "the checks a merge run evaluates: 'blocking' (unique_keys, no_null_keys; the warnings run with the "
+        "freshness checks on freshness_schedule) or 'all'"))
     connectors: list[ConnectorConfig]
 
     @model_validator(mode="after")

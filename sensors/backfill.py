@@ -21,9 +21,10 @@ from dagster import (
     SkipReason,
     sensor,
 )
-from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
+from cdc_assets.checks import merge_run_checks
+from cdc_assets.io.delta import open_table
 from cdc_assets.io.freshness import TopicProbe
 from cdc_assets.io.kafka_source import SourceError
 from cdc_assets.io.signals import data_collection
@@ -33,10 +34,8 @@ from jobs.snapshots import execute_snapshot_run_config
 
 def target_is_empty(table: CapturedTable) -> bool:
     """Whether the table's Delta target is missing or holds no rows."""
-    options = dict(table.target.storage_options)
-    if not DeltaTable.is_deltatable(table.target.path, storage_options=options):
-        return True
-    return DeltaTable(table.target.path, storage_options=options).count() == 0
+    target = open_table(table.target)
+    return target is None or target.count() == 0
 
 
 def topic_can_fill(probe: TopicProbe, table: CapturedTable) -> bool:
@@ -72,9 +71,10 @@ def backfill_requests(tables: Sequence[CapturedTable], requested: set[str], snap
                     run_key=run_key, job_name=snapshot_job_name,
                     run_config=execute_snapshot_run_config(table.connector, [data_collection(*table.name.split("."))]),
                     tags={"cdc_assets/backfill": table.topic}))
+            key = (translator or CdcTranslator()).get_asset_key(table)
             requests.append(RunRequest(
-                run_key=f"{run_key}:merge", job_name=merge_job_name,
-                asset_selection=[(translator or CdcTranslator()).get_asset_key(table)],
+                run_key=f"{run_key}:merge", job_name=merge_job_name, asset_selection=[key],
+                asset_check_keys=merge_run_checks({key: table}),
                 tags={"cdc_assets/backfill": table.topic}))
     return requests, still_requested
 

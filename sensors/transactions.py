@@ -17,6 +17,7 @@ from typing import Any
 from dagster import RunRequest, SensorDefinition, SensorEvaluationContext, SensorResult, sensor
 
 from cdc_assets.catalog import CapturedTable
+from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import ConnectorConfig
 from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event, transaction_key
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
@@ -35,6 +36,7 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
     topic = connector.transaction_topic or f"{connector.topic_prefix}.transaction"
     translator = translator or CdcTranslator()
     keys = {table.name: translator.get_asset_key(table) for table in tables if not table.retired}
+    by_name = {table.name: table for table in tables}
 
     @sensor(name=f"{dagster_name(connector.name)}_transaction_sensor", job=merge_job,
             minimum_interval_seconds=minimum_interval_seconds,
@@ -89,6 +91,7 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
             requests.append(RunRequest(
                 run_key=f"transactions:{topic}:" + ",".join(f"{p}:{a}-{b}" for p, (a, b) in sorted(ranges.items())),
                 asset_selection=[keys[name] for name in sorted(touched)],
+                asset_check_keys=merge_run_checks({keys[name]: by_name[name] for name in sorted(touched)}),
                 tags={"cdc_assets/transactions": str(len(completed))}))
         new_cursor = {"offsets": {str(p): o for p, o in next_offsets.items()}, "open": sorted(open_ids)}
         return SensorResult(run_requests=requests, cursor=json.dumps(new_cursor, sort_keys=True))

@@ -7,7 +7,7 @@ import sys
 import uuid
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from dagster import AssetKey, DagsterEventType, DagsterInstance, build_sensor_context, materialize
+from dagster import AssetCheckKey, AssetKey, DagsterEventType, DagsterInstance, build_sensor_context, materialize
 from deltalake import DeltaTable
 
 from cdc_assets import CdcTranslator
@@ -97,7 +97,7 @@ CHECK_NAMES = ("unique_keys", "no_null_keys", "capture_lag", "no_dead_letters", 
 
 def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
     import pyarrow as pa
-    from dagster import AssetCheckKey, AssetSelection, DagsterInstance
+    from dagster import AssetSelection
     from deltalake import write_deltalake
 
     prefix_config = CONFIG.replace("dbserver1", "checks1").replace("server1", "checks2")
@@ -122,15 +122,12 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
     with DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
         evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
-        assert len(evaluations) == 15  # the live freshness checks run in their own job
+        # The merge run evaluates the blocking key checks; the others run on the freshness schedule.
+        assert sorted(evaluations) == sorted((table, name) for table in ("products", "customers", "orders")
+                                             for name in ("unique_keys", "no_null_keys"))
         assert batch_lines(instance, result.run_id) == []  # one batch a table: its materialization says it all
-        assert not any(name == "freshness" for _, name in evaluations)
         assert evaluations[("products", "unique_keys")].passed
         assert evaluations[("products", "unique_keys")].metadata["rows"].value == 10
-        # The sample's changes were made in 2023: far beyond the default one-hour bound.
-        lag = evaluations[("products", "capture_lag")]
-        assert not lag.passed and lag.severity.value == "WARN"
-        assert all(e.passed for (_, name), e in evaluations.items() if name != "capture_lag")
         # Each targets the materialization its run made (the UI shows them current), yielded as events, not outputs.
         latest = instance.fetch_materializations(products, limit=1).records[0]
         assert latest.run_id == result.run_id
@@ -139,6 +136,19 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
         outputs = [entry.dagster_event.step_output_data.step_output_handle.output_name
                    for entry in instance.all_logs(result.run_id, of_type=DagsterEventType.STEP_OUTPUT)]
         assert len(outputs) == 3 and not [name for name in outputs if name.endswith(tuple(CHECK_NAMES))]
+
+        # The scheduled job evaluates the rest against the latest materialization, and they can fail.
+        scheduled = defs.resolve_job_def("cdc_freshness_job").execute_in_process(instance=instance)
+        assert scheduled.get_asset_materialization_events() == []
+        later = {(e.asset_key.path[-1], e.check_name): e for e in scheduled.get_asset_check_evaluations()}
+        assert sorted(later) == sorted((table, name) for table in ("products", "customers", "orders")
+                                       for name in ("capture_lag", "no_dead_letters", "schema_matches_source",
+                                                    "freshness"))
+        # The sample's changes were made in 2023: far beyond the default one-hour bound.
+        lag = later[("products", "capture_lag")]
+        assert not lag.passed and lag.severity.value == "WARN" and lag.metadata["capture_lag_s"].value > 3600
+        assert lag.target_materialization_data.storage_id == latest.storage_id
+        assert all(e.passed for (_, name), e in later.items() if name != "capture_lag")
 
         # A duplicated key written behind the pipeline's back fails the blocking check.
         path = str(tmp_path / "checks1" / "inventory" / "products")
@@ -268,8 +278,12 @@ def test_a_subclassed_translator_renames_assets_checks_sensor_requests_and_runs_
                                                                                     definitions=defs))
         [merge] = tick("db2_transaction_sensor").run_requests
         assert merge.asset_selection == [orders]
+        # Each request names the checks its merge run evaluates (else Dagster adds the scheduled ones' ops too).
+        key_checks = [AssetCheckKey(orders, "unique_keys"), AssetCheckKey(orders, "no_null_keys")]
+        assert merge.asset_check_keys == key_checks
         backfills = tick("snapshot_backfill_sensor").run_requests
-        assert [r.asset_selection for r in backfills if r.asset_selection] == [[orders]]
+        assert [(r.asset_selection, r.asset_check_keys) for r in backfills if r.asset_selection] == [
+            ([orders], key_checks)]
         [create] = tick("schema_change_sensor").run_requests
         assert create.run_config["ops"]["apply_schema_change"]["config"]["asset_key"] == [
             "bronze", prefix, "DB2INST1", "CUSTOMERS"]
@@ -284,6 +298,7 @@ SIDE_BY_SIDE = """\
 kafka: {{bootstrap_servers: "{bootstrap}"}}
 delta: {{root: "{root}", writer: {writer}}}
 batch: {{max_records: 3, poll_timeout_s: 10, concurrent_tables: 4}}
+checks_after_merge: all
 connectors:
   - name: shop
     kind: postgresql
@@ -318,7 +333,8 @@ def test_tables_merged_side_by_side_commit_their_own_offsets_and_dead_letters(sp
         # Its blocking unique_keys checks fail the run if a table got a key twice.
         result = build_definitions(config).resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
         assert result.success
-    # Each table's checks see its own dead letter (the run reads the dead-letter table once) and its keys.
+    # Each table's checks (all of them after the merge, as configured) see its own dead letter (the run
+    # reads the dead-letter table once) and its keys.
     evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
     materialized = {m.asset_key.path[-1]: m.materialization.metadata for m in result.get_asset_materialization_events()}
     for index, name in enumerate(names):

@@ -137,7 +137,9 @@ connectors:
     produce(broker, topics["a"], [change("a", k, "v", 30 + k, "574", k) for k in range(2)])
     defs = build_definitions(parse_config(config.replace("PREFIX", prefix)))
     with DagsterInstance.ephemeral() as instance:
-        result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
+        defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
+        # A warning: checked on the freshness schedule, against the merge's materialization.
+        result = defs.resolve_job_def("cdc_freshness_job").execute_in_process(instance=instance)
         evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
     failed = evaluations[("a", "transactions_reconciled")]
     assert not failed.passed and failed.metadata["incomplete_transactions"].value == ["574"]
@@ -175,6 +177,8 @@ def test_sensor_batches_transactions_into_one_run_and_never_twice(broker, tmp_pa
         [request] = first.run_requests
         assert request.run_key == f"transactions:{tx_topic}:0:1-39"
         assert sorted(k.path[-1] for k in request.asset_selection) == ["a", "b"]
+        assert sorted((k.asset_key.path[-1], k.name) for k in request.asset_check_keys) == [
+            (table, name) for table in ("a", "b") for name in ("no_null_keys", "unique_keys")]
         assert json.loads(first.cursor) == {"offsets": {"0": 41}, "open": ["576"]}
         again = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
         assert again.run_requests == []

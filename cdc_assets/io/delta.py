@@ -167,6 +167,14 @@ class DeltaWriter(Protocol):
         ...
 
 
+def open_table(target: DeltaTarget) -> DeltaTable | None:
+    """The Delta table at ``target`` (delta-rs), or None where there is none yet."""
+    options = dict(target.storage_options)
+    if not DeltaTable.is_deltatable(target.path, storage_options=options):
+        return None
+    return DeltaTable(target.path, storage_options=options)
+
+
 def progress_from_history(history: Sequence[Mapping[str, object]], app_id: str) -> TableProgress | None:
     """What the first batch commit of ``app_id`` in ``history`` (a Delta log's commit infos, newest first)
     recorded; None if none did."""
@@ -233,18 +241,12 @@ class DeltaRsWriter:
 
     name = "delta-rs"
 
-    def _table(self, target: DeltaTarget) -> DeltaTable | None:
-        options = dict(target.storage_options)
-        if not DeltaTable.is_deltatable(target.path, storage_options=options):
-            return None
-        return DeltaTable(target.path, storage_options=options)
-
     def table_schema(self, target: DeltaTarget) -> T.StructType | None:
-        table = self._table(target)
+        table = open_table(target)
         return None if table is None else from_arrow_schema(pa.schema(table.schema().to_arrow()))
 
     def read_progress(self, target: DeltaTarget, app_id: str) -> TableProgress | None:
-        table = self._table(target)
+        table = open_table(target)
         if table is None:
             return None
         progress = progress_from_history(table.history(_HISTORY_WINDOW), app_id) or progress_from_history(
@@ -258,7 +260,7 @@ class DeltaRsWriter:
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
               commit: CommitRequest, mode: ApplyMode) -> MergeOutcome:
-        table = self._table(target)
+        table = open_table(target)
         if table is None:
             # mode="ignore": a concurrent run may create the table first.
             table = DeltaTable.create(target.path, schema=table_schema_of(rows), mode="ignore",
@@ -266,7 +268,7 @@ class DeltaRsWriter:
         if self._already_applied(table, commit):
             return MergeOutcome(delta_version=table.version(), already_applied=True)
         if not mode.evolves_schema and self.ensure_columns(target, table_schema_of(rows), {}):
-            table = self._table(target)
+            table = open_table(target)
             assert table is not None
         before = table.version()
         plan = mode.merge_plan(key_columns, rows.column_names, quote_datafusion)
@@ -302,7 +304,7 @@ class DeltaRsWriter:
         return merger.execute()
 
     def commit_progress(self, target: DeltaTarget, commit: CommitRequest) -> MergeOutcome:
-        table = self._table(target)
+        table = open_table(target)
         if table is None:
             raise DeltaWriterError(f"{target.path}: no Delta table to commit offsets to")
         if self._already_applied(table, commit):
@@ -314,7 +316,7 @@ class DeltaRsWriter:
         return MergeOutcome(delta_version=table.version())
 
     def current_rows(self, target: DeltaTarget, keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
-        table = self._table(target)
+        table = open_table(target)
         if table is None:
             return None
         dataset = table.to_pyarrow_dataset()
@@ -337,7 +339,7 @@ class DeltaRsWriter:
     def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
         from deltalake import Field
 
-        table = self._table(target)
+        table = open_table(target)
         if table is None:
             table = DeltaTable.create(target.path, schema=schema, storage_options=dict(target.storage_options),
                                       configuration=dict(properties) or None)
@@ -351,7 +353,7 @@ class DeltaRsWriter:
         return [field.name for field in missing]
 
     def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
-        table = self._table(target)
+        table = open_table(target)
         if table is None:
             return None
         dataset = table.to_pyarrow_dataset()
@@ -364,7 +366,7 @@ class DeltaRsWriter:
         return KeyReport(keys.num_rows, int(duplicates), nulls)
 
     def compact(self, target: DeltaTarget, min_files: int) -> CompactionOutcome | None:
-        table = self._table(target)
+        table = open_table(target)
         if table is None:
             return None
         files = len(table.file_uris())

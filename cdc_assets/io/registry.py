@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 from pyspark.sql import types as T
+
+from cdc_assets.io.delta import DeltaTarget, open_table
 
 REGISTRY_SCHEMA = pa.schema([
     ("connector", pa.string()),
@@ -63,10 +65,10 @@ def record_change(path: str, storage_options: Mapping[str, str], *, connector: s
 
 def read_registry(path: str, storage_options: Mapping[str, str]) -> dict[tuple[str, str], RegistryEntry]:
     """The latest entry per (connector, table); empty when nothing was registered yet."""
-    options = dict(storage_options)
-    if not DeltaTable.is_deltatable(path, storage_options=options):
+    table = open_table(DeltaTarget(path, dict(storage_options)))
+    if table is None:
         return {}
-    rows = DeltaTable(path, storage_options=options).to_pyarrow_table().to_pylist()
+    rows = table.to_pyarrow_table().to_pylist()
     latest: dict[tuple[str, str], dict] = {}
     for row in sorted(rows, key=lambda r: (r["applied_at"], r["offset"])):
         previous = latest.get((row["connector"], row["table"]))

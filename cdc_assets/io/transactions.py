@@ -39,6 +39,7 @@ from cdc_assets.io.delta import (
     DeltaWriterError,
     _concurrent_commit_guard,
     commit_properties,
+    open_table,
 )
 from cdc_assets.io.kafka_source import KafkaSource
 
@@ -74,10 +75,8 @@ class TransactionLog:
         return f"cdc_assets:{self.topic}"
 
     def _dataset(self) -> pds.Dataset | None:
-        options = dict(self.target.storage_options)
-        if not DeltaTable.is_deltatable(self.target.path, storage_options=options):
-            return None
-        return DeltaTable(self.target.path, storage_options=options).to_pyarrow_dataset()
+        table = open_table(self.target)
+        return None if table is None else table.to_pyarrow_dataset()
 
     def ends(self, keys: Iterable[str]) -> dict[str, tuple[int, dict[str, int]]]:
         """END offset and data collections of the given transactions (by ``transaction_key``), where known."""
@@ -197,14 +196,10 @@ def table_horizon(log: TransactionLog, table: str, applied_end: int) -> int:
     return log.end_offset() - 1
 
 
-def _history(target: DeltaTarget) -> list[dict]:
-    return DeltaTable(target.path, storage_options=dict(target.storage_options)).history(200)
-
-
-def _intervals(target: DeltaTarget) -> list[tuple[int, int, int]]:
+def _intervals(table: DeltaTable) -> list[tuple[int, int, int]]:
     """(tx_applied_end, tx_horizon, delta version) of each transaction-consistent commit, newest first."""
     intervals = []
-    for entry in _history(target):
+    for entry in table.history(200):
         try:
             recorded = json.loads(entry.get("userMetadata") or "{}").get(METADATA_KEY) or {}
         except ValueError:
@@ -219,8 +214,8 @@ def update_watermark(connector: str, log: TransactionLog, tables: Mapping[str, D
                      watermarks: DeltaTarget) -> dict | None:
     """Record the connector's consistent watermark (see the module docstring); None if no table
     has a transaction-consistent commit yet."""
-    intervals = {name: _intervals(target) for name, target in tables.items()
-                 if DeltaTable.is_deltatable(target.path, storage_options=dict(target.storage_options))}
+    opened = {name: open_table(target) for name, target in tables.items()}
+    intervals = {name: _intervals(table) for name, table in opened.items() if table is not None}
     intervals = {name: found for name, found in intervals.items() if found}
     if not intervals:
         return None
@@ -254,11 +249,10 @@ def update_watermark(connector: str, log: TransactionLog, tables: Mapping[str, D
 
 def latest_watermark(watermarks: DeltaTarget, connector: str) -> dict | None:
     """The latest recorded watermark row of ``connector``."""
-    options = dict(watermarks.storage_options)
-    if not DeltaTable.is_deltatable(watermarks.path, storage_options=options):
+    table = open_table(watermarks)
+    if table is None:
         return None
-    rows = DeltaTable(watermarks.path, storage_options=options).to_pyarrow_dataset().to_table(
-        filter=pds.field("connector") == connector).to_pylist()
+    rows = table.to_pyarrow_dataset().to_table(filter=pds.field("connector") == connector).to_pylist()
     return max(rows, key=lambda row: row["recorded_at"]) if rows else None
 
 

@@ -1,9 +1,11 @@
 """The code location's shape without a broker or Spark: each captured table is an asset with checks of
 its own, but the ops are a few per connector however many tables it captures (one op per table and
-check made the load take minutes with thousands of tables)."""
+check made the load take minutes with thousands of tables); which checks a merge run evaluates."""
 
-from dagster import AssetCheckKey, AssetKey
+from dagster import AssetKey
 
+from cdc_assets.catalog import resolve_tables
+from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 
@@ -47,16 +49,40 @@ def test_every_table_has_its_asset_and_checks_in_a_few_ops_per_connector(tmp_pat
     merge_op = defs.get_assets_def(table)
     assert merge_op.node_def.name == "inventory_merge" and merge_op.can_subset
     assert merge_op.node_def.pool == "cdc_connector_inventory"
-    blocking = {spec.name for spec in merge_op.check_specs if spec.key.asset_key == table and spec.blocking}
-    assert blocking == {"unique_keys", "no_null_keys"}
+    # By default a merge run evaluates the blocking key checks; the warnings run on the freshness schedule.
+    merged = {spec.name for spec in merge_op.check_specs if spec.key.asset_key == table}
+    assert merged == {"unique_keys", "no_null_keys"}
+    assert all(spec.blocking for spec in merge_op.check_specs)
 
-    # Two ops per connector (merge, freshness), with 50 tables or one; the merge job runs the merges
-    # and the checks they evaluate, not the live freshness checks (their own job).
+    # Three ops per connector (merge, freshness, the scheduled table checks), with 50 tables or one; the
+    # merge job runs the merges and the checks they evaluate, not the scheduled ones (their own job).
     merge_job = defs.resolve_job_def("cdc_merge_job")
     assert sorted(node.name for node in merge_job.graph.nodes) == ["inventory_merge", "sales_merge"]
     assert "max_records_per_batch" in str(merge_op.node_def.config_schema.config_type.fields)  # type: ignore[union-attr]
+    # A run request for some tables names their checks: else Dagster adds every check of theirs, in other ops.
+    tables = {key: next(t for t in resolve_tables(parse_config(config(tmp_path, 50))) if t.name == name)
+              for key, name in ((table, "inventory.t7"), (orders, "dbo.orders"))}
+    assert {(key.asset_key, key.name) for key in merge_run_checks(tables)} == {
+        (key, name) for key in tables for name in ("unique_keys", "no_null_keys")}
+    subset = merge_job.get_subset(asset_selection=set(tables), asset_check_selection=set(merge_run_checks(tables)))
+    assert sorted(node.name for node in subset.graph.nodes) == ["inventory_merge", "sales_merge"]
+    assert merge_job.get_subset(asset_selection={table}).graph.nodes != subset.graph.nodes  # what it avoids
 
-    # The live freshness job runs only the freshness checks, in their own ops (no pool, no merge).
-    freshness_job = defs.resolve_job_def("cdc_freshness_job")
-    assert sorted(node.name for node in freshness_job.graph.nodes) == ["inventory_freshness", "sales_freshness"]
-    assert AssetCheckKey(table, "freshness") in freshness_job.asset_layer.asset_graph.asset_check_keys
+    # The scheduled job runs only checks, in ops without a pool and without the merge.
+    scheduled = defs.resolve_job_def("cdc_freshness_job")
+    assert sorted(node.name for node in scheduled.graph.nodes) == [
+        "inventory_freshness", "inventory_table_checks", "sales_freshness", "sales_table_checks"]
+    assert {key.name for key in scheduled.asset_layer.asset_graph.asset_check_keys if key.asset_key == orders} == {
+        "freshness", "capture_lag", "no_dead_letters", "schema_matches_source", "transactions_reconciled",
+        "consistent_watermark_fresh"}
+
+
+def test_checks_after_merge_all_keeps_every_table_check_in_the_merge_run(tmp_path):
+    text = config(tmp_path, 3).replace("connectors:", "checks_after_merge: all\nconnectors:", 1)
+    defs = build_definitions(parse_config(text))
+    table = AssetKey(["dbserver1", "inventory", "t1"])
+    assert {spec.name for spec in defs.get_assets_def(table).check_specs if spec.key.asset_key == table} == POST_MERGE
+    scheduled = defs.resolve_job_def("cdc_freshness_job")
+    assert sorted(node.name for node in scheduled.graph.nodes) == ["inventory_freshness", "sales_freshness"]
+    [resolved] = [t for t in resolve_tables(parse_config(text)) if t.name == "inventory.t1"]
+    assert {key.name for key in merge_run_checks({table: resolved})} == POST_MERGE
