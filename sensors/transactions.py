@@ -88,10 +88,10 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
             ranges: dict[int, tuple[int, int]] = {}
             for partition, offset, _ in completed:
                 ranges[partition] = (ranges.get(partition, (offset, offset))[0], offset)
+            selected = {keys[name]: by_name[name] for name in sorted(touched)}
             requests.append(RunRequest(
                 run_key=f"transactions:{topic}:" + ",".join(f"{p}:{a}-{b}" for p, (a, b) in sorted(ranges.items())),
-                asset_selection=[keys[name] for name in sorted(touched)],
-                asset_check_keys=merge_run_checks({keys[name]: by_name[name] for name in sorted(touched)}),
+                asset_selection=list(selected), asset_check_keys=merge_run_checks(selected),
                 tags={"cdc_assets/transactions": str(len(completed))}))
         new_cursor = {"offsets": {str(p): o for p, o in next_offsets.items()}, "open": sorted(open_ids)}
         return SensorResult(run_requests=requests, cursor=json.dumps(new_cursor, sort_keys=True))
