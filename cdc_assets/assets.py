@@ -30,7 +30,13 @@ from pyspark.sql.types import StructType
 
 from cdc_assets.api import apply_pending
 from cdc_assets.catalog import CapturedTable
-from cdc_assets.checks import RunReads, as_evaluations, evaluate_table_checks, merge_check_specs
+from cdc_assets.checks import (
+    RunReads,
+    as_evaluations,
+    evaluate_table_checks,
+    merge_check_specs,
+    selected_check_names,
+)
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka_source import KafkaSource
@@ -164,9 +170,7 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
     def merge_tables(context: AssetExecutionContext, config: MergeConfig, spark: SparkResource,
                      kafka: KafkaResource, delta: DeltaResource) -> Iterator[MaterializeResult | AssetCheckEvaluation]:
         selected = context.selected_asset_keys
-        checks: dict[AssetKey, set[str]] = {}
-        for check_key in context.selected_asset_check_keys:
-            checks.setdefault(check_key.asset_key, set()).add(check_key.name)
+        checks = selected_check_names(context.selected_asset_check_keys)
         chosen = {key: table for key, table in by_key.items() if key in selected}
         merges = merge_concurrently(chosen, limits, peers, config, spark, kafka, delta)
         reads = RunReads(delta)

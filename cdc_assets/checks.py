@@ -136,6 +136,14 @@ def merge_run_checks(selected: Mapping[AssetKey, CapturedTable]) -> list[AssetCh
     return [spec.key for key, table in selected.items() for spec in merge_check_specs(table, key)]
 
 
+def selected_check_names(check_keys: Iterable[AssetCheckKey]) -> dict[AssetKey, set[str]]:
+    """An op run's selected ``check_keys`` as the check names of each asset."""
+    names: dict[AssetKey, set[str]] = {}
+    for check_key in check_keys:
+        names.setdefault(check_key.asset_key, set()).add(check_key.name)
+    return names
+
+
 def as_evaluations(results: Iterable[AssetCheckResult], specs: Sequence[AssetCheckSpec],
                    instance: DagsterInstance) -> Iterator[AssetCheckEvaluation]:
     """One asset's check ``results`` as the evaluations Dagster makes of them, for an op to yield as events.
@@ -311,11 +319,8 @@ def build_scheduled_table_checks(name: str, tables: Sequence[CapturedTable],
     @multi_asset_check(name=name, specs=specs, can_subset=True)
     def table_checks(context: AssetCheckExecutionContext, spark: SparkResource,
                      delta: DeltaResource) -> Iterator[AssetCheckResult]:
-        selected: dict[AssetKey, set[str]] = {}
-        for check_key in context.selected_asset_check_keys:
-            selected.setdefault(check_key.asset_key, set()).add(check_key.name)
         reads = RunReads(delta)
-        for key, names in selected.items():
+        for key, names in selected_check_names(context.selected_asset_check_keys).items():
             yield from evaluate_table_checks(by_key[key], key, names, context.instance, delta, spark, reads)
 
     return table_checks

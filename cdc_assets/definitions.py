@@ -3,16 +3,11 @@ from the pipeline config."""
 
 from __future__ import annotations
 
-from dagster import AssetCheckKey, Definitions, in_process_executor
+from dagster import Definitions, in_process_executor
 
 from cdc_assets.assets import build_connector_assets
 from cdc_assets.catalog import CapturedTable, resolve_tables
-from cdc_assets.checks import (
-    FRESHNESS_CHECK,
-    build_freshness_checks,
-    build_scheduled_table_checks,
-    scheduled_check_specs,
-)
+from cdc_assets.checks import build_freshness_checks, build_scheduled_table_checks
 from cdc_assets.config import PipelineConfig, load_config
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka_source import KafkaSource
@@ -59,10 +54,21 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     signalled = {connector.name for connector in config.connectors if connector.signal is not None}
     sensors = [make_schema_change_sensor(config, tables, apply_schema_change_job, translator=translator),
                make_events_waiting_sensor(live, kafka_client_settings(config.kafka), translator=translator)]
-    # The checks on the freshness schedule: the live freshness checks, and those merge runs leave to it.
-    scheduled_checks = [AssetCheckKey(translator.get_asset_key(table), FRESHNESS_CHECK) for table in live]
-    scheduled_checks += [spec.key for table in live
-                         for spec in scheduled_check_specs(table, translator.get_asset_key(table))]
+    # One op per connector for its tables' merges (and the checks its merge runs evaluate), one for its
+    # live freshness checks, one for the checks left to their schedule: each table is still an asset with
+    # checks of its own, but a few ops rather than six or more per table keep the load (every run worker
+    # loads it) short with thousands of tables.
+    by_connector: dict[str, list[CapturedTable]] = {}
+    for table in tables:
+        by_connector.setdefault(table.connector, []).append(table)
+    scheduled_ops = [build_freshness_checks(f"{dagster_name(connector)}_freshness", members, translator)
+                     for connector, members in by_connector.items()]
+    scheduled_ops += [op for connector, members in by_connector.items()
+                      if (op := build_scheduled_table_checks(f"{dagster_name(connector)}_table_checks", members,
+                                                             translator)) is not None]
+    # The checks on the freshness schedule: those of the ops above, for the tables still captured.
+    live_keys = {translator.get_asset_key(table) for table in live}
+    scheduled_checks = [key for op in scheduled_ops for key in op.check_keys if key.asset_key in live_keys]
     freshness_job = build_freshness_job(scheduled_checks)
     merge_job = build_merge_job(scheduled_checks)
     compaction_job = build_compaction_job(config, live)
@@ -79,21 +85,10 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
         sensors.append(make_snapshot_backfill_sensor([t for t in live if t.connector in signalled],
                                                      incremental_snapshot_job, merge_job,
                                                      kafka_client_settings(config.kafka), translator=translator))
-    # One op per connector for its tables' merges (and the checks its merge runs evaluate), one for its
-    # live freshness checks, one for the checks left to their schedule: each table is still an asset with
-    # checks of its own, but a few ops rather than six or more per table keep the load (every run worker
-    # loads it) short with thousands of tables.
-    by_connector: dict[str, list[CapturedTable]] = {}
-    for table in tables:
-        by_connector.setdefault(table.connector, []).append(table)
     return Definitions(
         assets=[build_connector_assets(members, config.batch, transactional.get(connector), translator)
                 for connector, members in by_connector.items()],
-        asset_checks=[*(build_freshness_checks(f"{dagster_name(connector)}_freshness", members, translator)
-                        for connector, members in by_connector.items()),
-                      *(checks for connector, members in by_connector.items()
-                        if (checks := build_scheduled_table_checks(f"{dagster_name(connector)}_table_checks",
-                                                                   members, translator)) is not None)],
+        asset_checks=scheduled_ops,
         jobs=[merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job, resume_snapshot_job,
               apply_schema_change_job, freshness_job, compaction_job],
         schedules=[*build_merge_schedules(config, merge_job), *build_snapshot_schedules(config),

@@ -140,6 +140,8 @@ def test_create_alter_drop_reach_delta_and_the_asset_graph(spark, broker, tmp_pa
         assert spec.tags["cdc_assets/status"] == "retired" and spec.metadata["retired"] is True
         merge_keys = defs.resolve_job_def("cdc_merge_job").asset_layer.executable_asset_keys
         assert all(k.path != asset_key for k in merge_keys)
+        scheduled = defs.resolve_job_def("cdc_freshness_job").asset_layer.asset_graph.asset_check_keys
+        assert all(k.asset_key.path != asset_key for k in scheduled)  # nor in the scheduled checks
         assert DeltaTable(path).count() == 2
         assert DeltaTable(path).metadata().configuration["cdc_assets.retired"] == "true"
 
