@@ -7,10 +7,10 @@ decimal(12,2), timestamp, date), waits until the broker is idle, then:
 
 1. warms the local Spark server until it is steady: ``cdc_merge_job`` runs over the first ``--warm-tables``
    tables (default: all), each into a Delta root of its own (the first starts the server; reported apart),
-   until a run's server CPU is within 10% of the run's before it (at most ``--warm-passes``, default 5).
-   A server that has served runs for a while has its decode and fold compiled by the JVM's JIT: run after
-   run of the same tables its CPU falls for several passes (docs/performance.md), and a measured run on a
-   server warmed by one pass still paid for that;
+   until the server's JIT compilers used at most 10% of its CPU in a run (``benchmarks.measure.JIT_SHARE``; at
+   most ``--warm-passes``, default 12). A server that has served runs for a while has Spark's planning and
+   the decode and fold compiled by the JVM's JIT: run after run of the same tables its CPU falls for many
+   passes (docs/performance.md), and a measured run on a server that still compiles paid for that;
 2. the measured runs, one per ``--concurrent-tables`` setting (``batch.concurrent_tables``), each in a fresh
    process as a run worker has it and into a Delta root of its own: ``cdc_merge_job`` over all the tables
    (``execute_in_process``, the job's in-process executor, its instance made before), on the warm server.
@@ -53,7 +53,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 
-from benchmarks.measure import PeakRss, warm_until_steady
+from benchmarks.measure import PeakRss, jit_cpu, warm_until_steady
 from benchmarks.merge_throughput import _cpu, wait_until_idle
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
@@ -292,7 +292,8 @@ def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label
     assert broker_pid is not None
     wait_until_idle(broker_pid)
     servers = [state["pid"] for _, state in running_servers()]
-    cpu = {"broker": _cpu(broker_pid), "server": sum(_cpu(pid) for pid in servers)}
+    cpu = {"broker": _cpu(broker_pid), "server": sum(_cpu(pid) for pid in servers),
+           "server_jit": sum(jit_cpu(pid) for pid in servers)}
     with contextlib.ExitStack() as stack:
         server_rss = [stack.enter_context(PeakRss(exclude_pid=-1, pid=pid)) for pid in servers]
         command = [sys.executable, "-m", "benchmarks.many_tables", "--child", str(config_path)]
@@ -304,10 +305,12 @@ def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label
     result = json.loads(lines[-1].removeprefix("RESULT "))
     servers = servers or [state["pid"] for _, state in running_servers()]
     result["cpu"] = {"run": result["run_cpu"], "broker": _cpu(broker_pid) - cpu["broker"],
-                     "server": sum(_cpu(pid) for pid in servers) - cpu["server"]}
+                     "server": sum(_cpu(pid) for pid in servers) - cpu["server"],
+                     "server_jit": sum(jit_cpu(pid) for pid in servers) - cpu["server_jit"]}
     result["server_rss"] = sum(r.peak for r in server_rss)
     print(f"  {label}: {result['wall_s']:.1f} s for {result['tables']} tables "
-          f"(CPU s: run {result['cpu']['run']:.1f}, server {result['cpu']['server']:.1f}, "
+          f"(CPU s: run {result['cpu']['run']:.1f}, server {result['cpu']['server']:.1f} "
+          f"of which JIT {result['cpu']['server_jit']:.1f}, "
           f"broker {result['cpu']['broker']:.1f})", flush=True)
     return result
 
@@ -342,8 +345,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--warm-tables", type=int, default=None,
                         help="tables of each warm-up run (default: all)")
-    parser.add_argument("--warm-passes", type=int, default=5,
-                        help="warm-up runs at most, until the server's CPU of a run is within 10%% of the one before")
+    parser.add_argument("--warm-passes", type=int, default=12,
+                        help="warm-up runs at most, until the server's JIT compilers use at most 10%% of its CPU "
+                             "in a run")
     parser.add_argument("--writer", default="delta-rs", choices=("delta-rs", "delta-spark"))
     parser.add_argument("--profile", action="store_true", help="run the measured run under cProfile")
     parser.add_argument("--concurrent-tables", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2],

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
@@ -79,19 +81,39 @@ class PeakRss:
         self._thread.join()
 
 
-STEADY_WITHIN = 0.10  # a warm-up run whose server CPU is within this share of the run's before it ends the warm-up
+# A warm-up run in which the server's JIT compilers used at most this share of its CPU ends the warm-up.
+JIT_SHARE = 0.10
+_COMPILER_THREADS = ("C1 CompilerThre", "C2 CompilerThre")  # HotSpot's, as Linux names them (15 characters)
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")  # the unit of /proc's CPU times
+
+
+def jit_cpu(pid: int) -> float:
+    """CPU seconds so far of the JIT compiler threads of process ``pid`` and its descendants (0 where
+    none runs a HotSpot JVM): what a JVM still spends on compiling its own hot code."""
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for process in [root, *root.children(recursive=True)]:
+            for task in Path(f"/proc/{process.pid}/task").glob("*"):
+                with contextlib.suppress(OSError):
+                    if (task / "comm").read_text().strip() in _COMPILER_THREADS:
+                        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                        total += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+    return total
 
 
 def warm_until_steady(run: Callable[[int], dict], passes: int) -> list[dict]:
-    """Calls ``run(number)`` (1, 2, ...) until a run's server CPU (``result["cpu"]["server"]``) is within
-    ``STEADY_WITHIN`` of the run's before it, at most ``passes`` times; the results in order.
+    """Calls ``run(number)`` (1, 2, ...) until the server's JIT compilers used at most ``JIT_SHARE`` of its
+    CPU in a run (``result["cpu"]["server_jit"]`` of ``result["cpu"]["server"]``), at most ``passes``
+    times; the results in order.
 
-    The local Spark server's JIT keeps compiling the decode and fold for several runs after its start
-    (docs/performance.md): a run measured on a server warmed by one run still pays for that, a deployment's
-    long-lived server does not."""
+    The local Spark server's JIT keeps compiling Spark's planning and the decode and fold for many runs
+    after its start (docs/performance.md): a run measured on a server that still compiles pays for that, a
+    deployment's long-lived server, which compiled its hot code long ago, does not."""
     results: list[dict] = []
     for number in range(1, passes + 1):
         results.append(run(number))
-        if number > 1 and results[-1]["cpu"]["server"] >= (1 - STEADY_WITHIN) * results[-2]["cpu"]["server"]:
+        cpu = results[-1]["cpu"]
+        if number > 1 and cpu["server_jit"] <= JIT_SHARE * cpu["server"]:
             break
     return results

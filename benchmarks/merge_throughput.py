@@ -16,8 +16,8 @@ a fresh JVM for the in-process Spark ones), round after round:
   embedded default (delta-rs writer), draining the topic in micro-batches of ``--batch`` records.
   Spark is the local Spark server that runs share (``cdc_assets.io.spark_server``): the benchmark's
   first project run starts it (reported apart, as "project, cold server"), and project runs warm it until
-  its CPU per run is steady (at most ``--warm-passes``, reported apart as "project, warming up"), as a
-  deployment's long-lived server is; the measured runs find it warm;
+  its JIT compilers use at most 10% of its CPU in a run (at most ``--warm-passes``, reported apart as
+  "project, warming up"), as a deployment's long-lived server is; the measured runs find it warm;
 - ``project_delta_spark``: the same run with ``delta.writer: delta-spark`` (MERGE in the local server);
 - not run unless named in ``--variants``: ``spark_fold`` (confluent-kafka, Spark from_json + window fold,
   delta-rs MERGE: the plain-Spark reference of the earlier tables) and ``project_in_process`` (the
@@ -32,7 +32,7 @@ the local Spark server's, and the CPU seconds each run cost the run, the server 
 broker is not part of the RSS).
 
     python -m benchmarks.merge_throughput [--events 1000000] [--keys 100000] [--batch 100000] [--runs 3]
-                                          [--warm-passes 5]
+                                          [--warm-passes 12]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from benchmarks.measure import PeakRss, warm_until_steady
+from benchmarks.measure import PeakRss, jit_cpu, warm_until_steady
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.io.spark import DELTA_CATALOG, DELTA_EXTENSION, delta_jars, spark_config
 from cdc_assets.io.spark_server import (
@@ -283,9 +283,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100_000, help="max records per micro-batch")
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--runs", type=int, default=3, help="fresh processes per variant (medians are reported)")
-    parser.add_argument("--warm-passes", type=int, default=5,
+    parser.add_argument("--warm-passes", type=int, default=12,
                         help="runs of the first served variant before the measured ones (the first starts the "
-                             "local server) until the server's CPU of a run is within 10%% of the one before: "
+                             "local server) until the server's JIT compilers use at most 10%% of its CPU in a run: "
                              "at most this many")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, of {VARIANTS + OPTIONAL_VARIANTS} (default: {VARIANTS})")
@@ -344,7 +344,8 @@ def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, r
     wait_until_idle(broker.pid)
     run_dir.mkdir()
     servers = [state["pid"] for _, state in running_servers()] if variant in SERVED else []
-    cpu = {"broker": _cpu(broker.pid), "server": sum(_cpu(pid) for pid in servers)}
+    cpu = {"broker": _cpu(broker.pid), "server": sum(_cpu(pid) for pid in servers),
+           "server_jit": sum(jit_cpu(pid) for pid in servers)}
     with contextlib.ExitStack() as stack:
         server_rss = [stack.enter_context(PeakRss(exclude_pid=-1, pid=pid)) for pid in servers]
         done = subprocess.run(
@@ -365,6 +366,7 @@ def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, r
     result = json.loads(lines[-1].removeprefix("RESULT "))
     cpu = {"broker": _cpu(broker.pid) - cpu["broker"],
            "server": sum(_cpu(pid) for pid in servers) - cpu["server"],
+           "server_jit": sum(jit_cpu(pid) for pid in servers) - cpu["server_jit"],
            "run": result["run_cpu"]}
     if "rows" in result and (result["rows"], result["checksum"]) != oracle:
         raise SystemExit(f"{variant} run {label}: the table does not match the oracle "
@@ -373,7 +375,8 @@ def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, r
     result["server_rss"] = sum(r.peak for r in server_rss)
     print(f"  run {label:<4} {variant:<19} {result['stages']['total_s']:6.1f} s"
           + (" oracle OK" if "rows" in result else "")
-          + f"  (CPU s: run {cpu['run']:.1f}, server {cpu['server']:.1f}, broker {cpu['broker']:.1f})", flush=True)
+          + f"  (CPU s: run {cpu['run']:.1f}, server {cpu['server']:.1f} of which JIT {cpu['server_jit']:.1f}, "
+          f"broker {cpu['broker']:.1f})", flush=True)
     return result
 
 

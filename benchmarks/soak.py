@@ -23,7 +23,7 @@ log), when a reader sees it; the lag to the end of that commit's run is reported
 the last run every table is checked against the reference fold of what was produced (row count and checksum).
 
     python -m benchmarks.soak [--tables 50] [--rate 5000] [--seconds 600] [--runs-in fresh|same]
-                              [--instance disk|memory] [--warm-passes 5]
+                              [--instance disk|memory] [--warm-passes 12]
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from dagster import AssetCheckKey, AssetKey, DagsterInstance, JobDefinition
 from deltalake import DeltaTable
 
 from benchmarks.many_tables import PREFIX, SCHEMA, TableEvents, checksum, mismatches, produce, table_name
-from benchmarks.measure import PeakRss, warm_until_steady
+from benchmarks.measure import PeakRss, jit_cpu, warm_until_steady
 from benchmarks.merge_throughput import _cpu
 from cdc_assets.catalog import CapturedTable, resolve_tables
 from cdc_assets.checks import merge_run_checks
@@ -217,6 +217,11 @@ def server_cpu() -> float:
     return sum(_cpu(state["pid"]) for _, state in running_servers())
 
 
+def server_jit_cpu() -> float:
+    """The CPU seconds of the running local Spark servers' JIT compilers."""
+    return sum(jit_cpu(state["pid"]) for _, state in running_servers())
+
+
 def warm_server(work: Path, bootstrap: str, args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
     """Starts the local Spark server and warms it before production begins, as a deployment's server that
     outlives its runs is: runs of the same connector over tables of their own (source schema
@@ -229,12 +234,14 @@ def warm_server(work: Path, bootstrap: str, args: argparse.Namespace, env: dict[
                               args.max_records, WARM_SCHEMA, args.tables)
         translator = CdcTranslator()
         tables = {translator.get_asset_key(table): table for table in resolve_tables(load_config(config))}
-        before, started = server_cpu(), time.time()
+        before, jit_before, started = server_cpu(), server_jit_cpu(), time.time()
         ok, error, _ = fresh_run(tables, {**env, "CDC_ASSETS_CONFIG": str(config)}, args.instance)
         if not ok:
             raise SystemExit(f"warm-up run {number} failed:\n{error}")
-        result = {"wall_s": time.time() - started, "cpu": {"server": server_cpu() - before}}
-        print(f"  warm-up {number}: {result['wall_s']:.1f} s, the server's CPU {result['cpu']['server']:.1f} s",
+        result = {"wall_s": time.time() - started,
+                  "cpu": {"server": server_cpu() - before, "server_jit": server_jit_cpu() - jit_before}}
+        print(f"  warm-up {number}: {result['wall_s']:.1f} s, the server's CPU {result['cpu']['server']:.1f} s "
+              f"(JIT {result['cpu']['server_jit']:.1f} s)",
               flush=True)
         return result
 
@@ -272,9 +279,10 @@ def main() -> None:
                         help="where fresh runs store their events: disk, the SQLite instance of DAGSTER_HOME (a "
                              "deployment's default); memory, an instance of each run's own (Dagster's storage "
                              "cost left out, and no run sees another's events)")
-    parser.add_argument("--warm-passes", type=int, default=5,
+    parser.add_argument("--warm-passes", type=int, default=12,
                         help="before production, warm the local Spark server with up to this many runs of tables "
-                             "of their own, until it is steady (0: the first run starts it cold)")
+                             "of their own, until its JIT compilers use at most 10%% of its CPU in a run (0: the "
+                             "first run starts it cold)")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:

@@ -1,16 +1,18 @@
 """The benchmarks' peak-RSS sampler counts the process tree it measures (and the roots added to it), and
 leaves out the one excluded (and the process itself, when told); their warm-up stops once the server's
-CPU per run is steady."""
+JIT compilers use little of its CPU, which they read from a JVM's compiler threads."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
-from benchmarks.measure import PeakRss, warm_until_steady
+from benchmarks.measure import PeakRss, jit_cpu, warm_until_steady
 
 _HOLD = "import time; block = bytearray({size}); block[::4096] = b'x' * len(block[::4096]); time.sleep({hold})"
 
@@ -68,17 +70,49 @@ def test_an_added_root_is_counted_and_the_process_itself_only_when_told() -> Non
             process.wait()
 
 
-def test_the_warm_up_runs_until_the_server_cpu_is_steady_or_the_passes_run_out() -> None:
-    def runs(server_cpu: list[float]) -> list[int]:
+def test_the_warm_up_runs_until_the_jit_is_done_or_the_passes_run_out() -> None:
+    def runs(server_cpu: list[tuple[float, float]]) -> list[int]:
         made: list[int] = []
 
         def run(number: int) -> dict:
             made.append(number)
-            return {"cpu": {"server": server_cpu[number - 1]}}
+            server, jit = server_cpu[number - 1]
+            return {"cpu": {"server": server, "server_jit": jit}}
 
         warm_until_steady(run, passes=len(server_cpu))
         return made
 
-    assert runs([80.0, 40.0, 30.0, 28.0, 20.0]) == [1, 2, 3, 4]  # 28 is within 10% of 30
-    assert runs([80.0, 40.0, 30.0, 25.0, 20.0]) == [1, 2, 3, 4, 5]  # never steady: every pass
-    assert runs([80.0, 90.0]) == [1, 2]  # more CPU than the run before: steady enough
+    assert runs([(80.0, 30.0), (40.0, 9.0), (30.0, 4.0), (28.0, 2.8), (27.0, 1.0)]) == [1, 2, 3, 4]  # 2.8 of 28
+    assert runs([(80.0, 30.0), (40.0, 9.0), (30.0, 4.0)]) == [1, 2, 3]  # never done: every pass
+    assert runs([(80.0, 5.0), (40.0, 9.0), (30.0, 1.0), (29.0, 1.0)]) == [1, 2, 3]  # not the first run, started cold
+
+
+_HOT_LOOP = """
+public class Hot {
+    public static void main(String[] args) {
+        long total = 0;
+        long until = System.nanoTime() + 3_000_000_000L;
+        while (System.nanoTime() < until) {
+            for (int i = 0; i < 1_000_000; i++) total += Long.numberOfTrailingZeros(total + i) ^ i;
+        }
+        System.out.println(total);
+    }
+}
+"""
+
+
+def test_the_jit_cpu_of_a_running_jvm_is_read_from_its_compiler_threads(tmp_path: Path) -> None:
+    java = shutil.which("java")
+    assert java, "the benchmarks' machine runs Spark on Java 17+"
+    source = tmp_path / "Hot.java"
+    source.write_text(_HOT_LOOP)
+    assert jit_cpu(psutil.Process().pid) == 0.0  # no JVM in this process
+    jvm = subprocess.Popen([java, str(source)], stdout=subprocess.DEVNULL)  # compiles the source, then loops
+    try:
+        time.sleep(2.5)
+        compiled = jit_cpu(jvm.pid)
+        total = sum(psutil.Process(jvm.pid).cpu_times()[:2])
+        assert 0.0 < compiled < total
+    finally:
+        jvm.kill()
+        jvm.wait()
