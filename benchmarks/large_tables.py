@@ -35,8 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import write_deltalake
 
-from benchmarks.measure import PeakRss
-from benchmarks.merge_throughput import _cpu
+from benchmarks.measure import PeakRss, process_cpu
 from cdc_assets.core.apply_modes import apply_mode
 from cdc_assets.io.delta import (
     DELETION_VECTORS,
@@ -144,7 +143,7 @@ def spark_session(work: Path, memory: str) -> Iterator[object]:
 def cpu_seconds() -> float:
     """CPU seconds so far of this process and the local Spark servers (with their JVMs): under a shared
     CPU they judge a batch better than its seconds."""
-    return sum(psutil.Process().cpu_times()[:2]) + sum(_cpu(pid) for pid in server_pids())
+    return sum(psutil.Process().cpu_times()[:2]) + sum(process_cpu(pid) for pid in server_pids())
 
 
 def server_pids() -> list[int]:

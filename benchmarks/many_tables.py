@@ -53,8 +53,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 
-from benchmarks.measure import PeakRss, jit_cpu, warm_until_steady
-from benchmarks.merge_throughput import _cpu, wait_until_idle
+from benchmarks.measure import PeakRss, process_cpu, server_cpu, used_since, warm_until_steady
+from benchmarks.merge_throughput import wait_until_idle
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
 
@@ -292,8 +292,7 @@ def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label
     assert broker_pid is not None
     wait_until_idle(broker_pid)
     servers = [state["pid"] for _, state in running_servers()]
-    cpu = {"broker": _cpu(broker_pid), "server": sum(_cpu(pid) for pid in servers),
-           "server_jit": sum(jit_cpu(pid) for pid in servers)}
+    before = {"broker": process_cpu(broker_pid), **server_cpu(servers)}
     with contextlib.ExitStack() as stack:
         server_rss = [stack.enter_context(PeakRss(exclude_pid=-1, pid=pid)) for pid in servers]
         command = [sys.executable, "-m", "benchmarks.many_tables", "--child", str(config_path)]
@@ -304,9 +303,8 @@ def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label
         raise SystemExit(f"{label} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     result = json.loads(lines[-1].removeprefix("RESULT "))
     servers = servers or [state["pid"] for _, state in running_servers()]
-    result["cpu"] = {"run": result["run_cpu"], "broker": _cpu(broker_pid) - cpu["broker"],
-                     "server": sum(_cpu(pid) for pid in servers) - cpu["server"],
-                     "server_jit": sum(jit_cpu(pid) for pid in servers) - cpu["server_jit"]}
+    result["cpu"] = {"run": result["run_cpu"],
+                     **used_since(before, {"broker": process_cpu(broker_pid), **server_cpu(servers)})}
     result["server_rss"] = sum(r.peak for r in server_rss)
     print(f"  {label}: {result['wall_s']:.1f} s for {result['tables']} tables "
           f"(CPU s: run {result['cpu']['run']:.1f}, server {result['cpu']['server']:.1f} "

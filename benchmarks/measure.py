@@ -6,7 +6,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import psutil
@@ -100,6 +100,26 @@ def jit_cpu(pid: int) -> float:
                         fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
                         total += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
     return total
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds so far of process ``pid`` and its descendants (0 where it has ended)."""
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+    return 0.0
+
+
+def server_cpu(pids: Iterable[int]) -> dict[str, float]:
+    """CPU seconds so far of the local Spark servers ``pids`` with their descendants (``server``), and of
+    that, their JIT compilers' (``server_jit``)."""
+    pids = list(pids)
+    return {"server": sum(process_cpu(pid) for pid in pids), "server_jit": sum(jit_cpu(pid) for pid in pids)}
+
+
+def used_since(before: Mapping[str, float], now: Mapping[str, float]) -> dict[str, float]:
+    """The CPU seconds of each part of ``before`` used until ``now``."""
+    return {part: now[part] - before[part] for part in before}
 
 
 def warm_until_steady(run: Callable[[int], dict], passes: int) -> list[dict]:

@@ -56,7 +56,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from benchmarks.measure import PeakRss, jit_cpu, warm_until_steady
+from benchmarks.measure import PeakRss, process_cpu, server_cpu, used_since, warm_until_steady
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.io.spark import DELTA_CATALOG, DELTA_EXTENSION, delta_jars, spark_config
 from cdc_assets.io.spark_server import (
@@ -263,9 +263,9 @@ def wait_until_idle(pid: int, below: float = 0.05, timeout_s: float = 120.0) -> 
     (it flushes and cleans up after writes)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        before = _cpu(pid)
+        before = process_cpu(pid)
         time.sleep(1.0)
-        if _cpu(pid) - before < below:
+        if process_cpu(pid) - before < below:
             return
 
 
@@ -344,8 +344,7 @@ def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, r
     wait_until_idle(broker.pid)
     run_dir.mkdir()
     servers = [state["pid"] for _, state in running_servers()] if variant in SERVED else []
-    cpu = {"broker": _cpu(broker.pid), "server": sum(_cpu(pid) for pid in servers),
-           "server_jit": sum(jit_cpu(pid) for pid in servers)}
+    before = {"broker": process_cpu(broker.pid), **server_cpu(servers)}
     with contextlib.ExitStack() as stack:
         server_rss = [stack.enter_context(PeakRss(exclude_pid=-1, pid=pid)) for pid in servers]
         done = subprocess.run(
@@ -364,10 +363,7 @@ def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, r
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{variant} run {label} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     result = json.loads(lines[-1].removeprefix("RESULT "))
-    cpu = {"broker": _cpu(broker.pid) - cpu["broker"],
-           "server": sum(_cpu(pid) for pid in servers) - cpu["server"],
-           "server_jit": sum(jit_cpu(pid) for pid in servers) - cpu["server_jit"],
-           "run": result["run_cpu"]}
+    cpu = {**used_since(before, {"broker": process_cpu(broker.pid), **server_cpu(servers)}), "run": result["run_cpu"]}
     if "rows" in result and (result["rows"], result["checksum"]) != oracle:
         raise SystemExit(f"{variant} run {label}: the table does not match the oracle "
                          f"({result['rows']} rows, expected {oracle[0]})")
@@ -378,14 +374,6 @@ def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, r
           + f"  (CPU s: run {cpu['run']:.1f}, server {cpu['server']:.1f} of which JIT {cpu['server_jit']:.1f}, "
           f"broker {cpu['broker']:.1f})", flush=True)
     return result
-
-
-def _cpu(pid: int) -> float:
-    """CPU seconds of a process and its children so far."""
-    with contextlib.suppress(psutil.Error):
-        root = psutil.Process(pid)
-        return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
-    return 0.0
 
 
 def report(results: dict[str, list[dict]], events: int) -> None:

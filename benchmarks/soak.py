@@ -53,8 +53,7 @@ from dagster import AssetCheckKey, AssetKey, DagsterInstance, JobDefinition
 from deltalake import DeltaTable
 
 from benchmarks.many_tables import PREFIX, SCHEMA, TableEvents, checksum, mismatches, produce, table_name
-from benchmarks.measure import PeakRss, jit_cpu, warm_until_steady
-from benchmarks.merge_throughput import _cpu
+from benchmarks.measure import PeakRss, process_cpu, server_cpu, used_since, warm_until_steady
 from cdc_assets.catalog import CapturedTable, resolve_tables
 from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import load_config
@@ -212,14 +211,9 @@ def fresh_run(tables: Mapping[AssetKey, CapturedTable], env: dict[str, str],
     return process.returncode == 0, process.stderr[-3000:], cpu
 
 
-def server_cpu() -> float:
-    """The CPU seconds of the running local Spark servers."""
-    return sum(_cpu(state["pid"]) for _, state in running_servers())
-
-
-def server_jit_cpu() -> float:
-    """The CPU seconds of the running local Spark servers' JIT compilers."""
-    return sum(jit_cpu(state["pid"]) for _, state in running_servers())
+def servers_cpu() -> dict[str, float]:
+    """The CPU seconds of the running local Spark servers, and of their JIT compilers (``server_cpu``)."""
+    return server_cpu(state["pid"] for _, state in running_servers())
 
 
 def warm_server(work: Path, bootstrap: str, args: argparse.Namespace, env: dict[str, str]) -> list[dict]:
@@ -234,12 +228,12 @@ def warm_server(work: Path, bootstrap: str, args: argparse.Namespace, env: dict[
                               args.max_records, WARM_SCHEMA, args.tables)
         translator = CdcTranslator()
         tables = {translator.get_asset_key(table): table for table in resolve_tables(load_config(config))}
-        before, jit_before, started = server_cpu(), server_jit_cpu(), time.time()
+        before, started = servers_cpu(), time.time()
         ok, error, _ = fresh_run(tables, {**env, "CDC_ASSETS_CONFIG": str(config)}, args.instance)
         if not ok:
             raise SystemExit(f"warm-up run {number} failed:\n{error}")
         result = {"wall_s": time.time() - started,
-                  "cpu": {"server": server_cpu() - before, "server_jit": server_jit_cpu() - jit_before}}
+                  "cpu": used_since(before, servers_cpu())}
         print(f"  warm-up {number}: {result['wall_s']:.1f} s, the server's CPU {result['cpu']['server']:.1f} s "
               f"(JIT {result['cpu']['server_jit']:.1f} s)",
               flush=True)
@@ -327,8 +321,8 @@ def main() -> None:
         try:
             warm_ups = warm_server(Path(work), broker.bootstrap_servers, args, env) if args.warm_passes else []
             harness_cpu = sum(psutil.Process().cpu_times()[:2])
-            broker_cpu = _cpu(broker.pid or -1)
-            server_cpu_before = server_cpu()
+            broker_cpu = process_cpu(broker.pid or -1)
+            server_cpu_before = servers_cpu()["server"]
             runs_cpu = 0.0
             with contextlib.ExitStack() as stack:
                 instance = stack.enter_context(DagsterInstance.ephemeral())
@@ -383,8 +377,8 @@ def main() -> None:
                             versions[topic] = version
             producer.join(5)
             harness_cpu = sum(psutil.Process().cpu_times()[:2]) - harness_cpu
-            broker_cpu = _cpu(broker.pid or -1) - broker_cpu
-            server_cpu_used = server_cpu() - server_cpu_before
+            broker_cpu = process_cpu(broker.pid or -1) - broker_cpu
+            server_cpu_used = servers_cpu()["server"] - server_cpu_before
             highs = high_watermarks(admin, topics, args.partitions)
             producer.check_offsets(highs)
             behind = sum(backlog(highs, committed).values())
