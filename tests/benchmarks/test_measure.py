@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.measure import PeakRss, jit_cpu, warm_until_steady
+from benchmarks.measure import PeakRss, jit_cpu, server_cpu, warm_until_steady
 
 _HOLD = "import time; block = bytearray({size}); block[::4096] = b'x' * len(block[::4096]); time.sleep({hold})"
 
@@ -113,6 +113,8 @@ def test_the_jit_cpu_of_a_running_jvm_is_read_from_its_compiler_threads(tmp_path
         compiled = jit_cpu(jvm.pid)
         total = sum(psutil.Process(jvm.pid).cpu_times()[:2])
         assert 0.0 < compiled < total
+        server = server_cpu([jvm.pid])  # as the benchmarks read a local Spark server
+        assert compiled <= server["server_jit"] < server["server"]
     finally:
         jvm.kill()
         jvm.wait()
