@@ -83,6 +83,18 @@ def new_table(config: PipelineConfig, connector: ConnectorConfig, name: str) -> 
     return _captured_table(config, connector, TableConfig(name=name), "<config>", None)
 
 
+def table_finder(config: PipelineConfig, tables: Iterable[CapturedTable]) -> Callable[[str, str], CapturedTable]:
+    """``find(connector, name)``: the table as resolved in ``tables``, else as ``new_table`` captures it
+    (created at the source since the code location loaded)."""
+    known = {(table.connector, table.name): table for table in tables}
+    connectors = {connector.name: connector for connector in config.connectors}
+
+    def find(connector: str, name: str) -> CapturedTable:
+        return known.get((connector, name)) or new_table(config, connectors[connector], name)
+
+    return find
+
+
 def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: TableConfig, source: str,
                     entry: RegistryEntry | None) -> CapturedTable:
     options = dict(config.delta.storage_options)

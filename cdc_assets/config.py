@@ -26,7 +26,8 @@ CONFIG_ENV_VAR = "CDC_ASSETS_CONFIG"
 DEMO_CONFIG_PATH = Path(__file__).parent / "demo" / "pipeline.yaml"
 
 DEFAULT_UNAVAILABLE_PLACEHOLDER = "__debezium_unavailable_value"
-ConnectorKind = Literal["postgresql", "sqlserver", "db2", "mongodb", "mysql", "oracle"]
+# Each has its ordering rule in core.position.POSITION_RULES (mariadb shares the MySQL family's).
+ConnectorKind = Literal["postgresql", "sqlserver", "db2", "mongodb", "mysql", "mariadb", "oracle"]
 WriterName = Literal["auto", "delta-rs", "delta-spark"]
 
 # librdkafka settings that carry secrets: they must come from the environment (the *_env fields).

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dagster import Definitions, in_process_executor
 
 from cdc_assets.assets import build_connector_assets
-from cdc_assets.catalog import CapturedTable, resolve_tables
+from cdc_assets.catalog import CapturedTable, resolve_tables, table_finder
 from cdc_assets.checks import build_freshness_checks, build_scheduled_table_checks
 from cdc_assets.config import PipelineConfig, load_config
 from cdc_assets.io.delta import DeltaTarget
@@ -15,7 +15,7 @@ from cdc_assets.io.registry import read_registry
 from cdc_assets.resources import build_resources, kafka_client_settings, registry_path
 from cdc_assets.translator import CdcTranslator, dagster_name
 from jobs import (
-    apply_schema_change_job,
+    build_apply_schema_change_job,
     build_compaction_job,
     build_compaction_schedule,
     build_freshness_job,
@@ -52,7 +52,9 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     tables = resolve_tables(config, list_topics=list_topics, registry=registry)
     live = [table for table in tables if not table.retired]
     signalled = {connector.name for connector in config.connectors if connector.signal is not None}
-    sensors = [make_schema_change_sensor(config, tables, apply_schema_change_job, translator=translator),
+    table_for = table_finder(config, tables)
+    apply_schema_change_job = build_apply_schema_change_job(table_for, config.batch)
+    sensors = [make_schema_change_sensor(config, table_for, apply_schema_change_job, translator=translator),
                make_events_waiting_sensor(live, kafka_client_settings(config.kafka), translator=translator)]
     # One op per connector for its tables' merges (and the checks its merge runs evaluate), one for its
     # live freshness checks, one for the checks left to their schedule: each table is still an asset with

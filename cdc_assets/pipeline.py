@@ -35,12 +35,13 @@ from cdc_assets.core.envelope import (
     TRANSACTION_COLUMN,
     explain_bad_value,
 )
+from cdc_assets.core.key_changes import key_change_cut
 from cdc_assets.core.layout import (
     HIDDEN_PREFIX,
     ChangeEventLayout,
     LayoutError,
 )
-from cdc_assets.core.transactions import cut_batch, transaction_key
+from cdc_assets.core.transactions import ReadOn, cut_batch, read_on, transaction_key
 from cdc_assets.core.types import placeholder_needles
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
@@ -181,15 +182,29 @@ def _before(cut: dict[int, int], partition: Column, offset: Column) -> Column:
     return condition
 
 
-def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch, progress: TableProgress | None,
-                        decoded: DataFrame, limits: BatchLimits) -> tuple[dict[int, int] | None, dict[str, object]]:
-    """Cut the batch to whole transactions of the table (``core.transactions``): the cut offsets
-    (None when no event can be applied yet) and the commit's transaction metadata.
+def _arrow_before(cut: Mapping[int, int], records: pa.Table) -> pa.Array:
+    """Which of the ``records`` come before the cut offsets."""
+    inside = pa.array([False] * records.num_rows)
+    for partition, end in cut.items():
+        inside = pc.or_(inside, pc.and_(pc.equal(records["partition"], partition), pc.less(records["offset"], end)))
+    return inside
 
-    A batch that can apply nothing waits when the transactions blocking it have no END in the log
-    yet (still open at the source, or not ingested yet): a later batch applies them. It fails with
-    ``BatchTooSmallError`` when one's END is known and announces more events for the table than the
-    batch, stopped short of the topic's end by its limits, holds."""
+
+def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch, progress: TableProgress | None,
+                        decoded: DataFrame, limits: BatchLimits, until: Mapping[int, int] | None = None
+                        ) -> tuple[dict[int, int] | None, dict[str, object], dict[int, int] | None]:
+    """Cut the batch to whole transactions of the table (``core.transactions``): the cut offsets
+    (None when no event can be applied yet), the commit's transaction metadata, and where to read
+    again (None: no need).
+
+    A batch that can apply nothing because its first transaction is incomplete is read again, from
+    the same offsets, up to the first event of a later transaction in each partition
+    (``core.transactions.read_on``): a transaction that fits in the batch limits is always applied,
+    whatever later transactions' events the partitions hold. It waits when the transactions blocking
+    it have no END in the log yet (still open at the source, or not ingested yet): a later batch
+    applies them. It fails with ``BatchTooSmallError`` when the first one does not fit: the batch, with
+    every later transaction left out, is full before it holds the events its END announces.
+    ``until``: the offsets the batch was read up to, when it was such a second read."""
     log = table.transaction_log
     assert log is not None
     ingest_transactions(source, log)
@@ -209,13 +224,14 @@ def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch
     applied_end = max([previous, *(ends[tx][0] for tx in cut.applied)])
     caught_up = raw.caught_up
     applicable = cut.end_offsets if cut.end_offsets != raw.start_offsets else None
-    too_large = {tx: {"seen": n, "expected": e} for tx, (n, e) in sorted(cut.waiting.items()) if e is not None}
-    if applicable is None and not caught_up and too_large:
-        raise BatchTooSmallError(
-            f"table '{table.name}' (topic {table.topic}): transaction(s) {too_large} (events of the table seen "
-            f"in this batch, and announced by the END) do not fit in a batch of {limits.max_records} records / "
-            f"{limits.max_bytes} bytes; nothing was committed. Raise the batch limits (max_records_per_batch in "
-            "the run config) above the events announced, tombstones included")
+    read_again: dict[int, int] | None = None
+    if applicable is None and not caught_up:
+        stop = {p: min(high, (until or {}).get(p, high)) for p, high in raw.high_watermarks.items()}
+        blocked = read_on(table.name, cut, raw.start_offsets, raw.end_offsets, stop, seen, ends)
+        if blocked is not None and blocked.helps:
+            read_again = blocked.until
+        elif blocked is not None and blocked.open:
+            raise _too_small(table, raw, limits, blocked)
     return applicable, {
         "applied_end": applied_end,
         "horizon": table_horizon(log, table.name, applied_end),
@@ -224,7 +240,28 @@ def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch
         # a transaction whose END announces more events than the whole topic holds for this table
         "incomplete": {tx: {"seen": n, "expected": e} for tx, (n, e) in sorted(cut.waiting.items())
                        if e is not None and caught_up},
-    }
+    }, read_again
+
+
+def _too_small(table: CapturedTable, raw: RawBatch, limits: BatchLimits, blocked: ReadOn) -> BatchTooSmallError:
+    """The error for a transaction that does not fit in a batch, with the record limit it needs: the
+    events its END announces for the table and the tombstones read after its deletes (a record each)."""
+    spans = {p: blocked.until.get(p, raw.end_offsets[p]) for p in raw.start_offsets}
+    records = raw.records
+    mask = pc.is_null(records["value"])
+    tombstones = sum(pc.sum(pc.and_(mask, pc.and_(pc.equal(records["partition"], p),
+                                                    pc.less(records["offset"], span)))).as_py() or 0
+                     for p, span in spans.items())
+    by_bytes = raw.bytes_read >= limits.max_bytes
+    return BatchTooSmallError(
+        f"table '{table.name}' (topic {table.topic}): transaction {blocked.transaction} does not fit in a batch of "
+        f"{limits.max_records} records / {limits.max_bytes} bytes: its END announces {blocked.expected} events "
+        f"for the table, and a batch from offsets {dict(sorted(raw.start_offsets.items()))} holding nothing of later "
+        f"transactions ends after {blocked.seen} of them ({tombstones} tombstone(s) among its records); nothing was "
+        f"committed. Raise the batch limits: max_records_per_batch (run config) to at least "
+        f"{blocked.expected + tombstones} (the {blocked.expected} events, and a record for each tombstone after one "
+        "of its deletes)" + (f", and max_bytes above the {raw.bytes_read} bytes the batch stopped at" if by_bytes
+                             else ""))
 
 
 def merge_micro_batches(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
@@ -343,13 +380,14 @@ def _derive_layout(table: CapturedTable, raw: RawBatch, samples: tuple[list[byte
                           f"{exc}. Nothing was committed") from exc
 
 
-def _read(source: KafkaSource, table: CapturedTable, limits: BatchLimits, offsets: Mapping[int, int] | None
-          ) -> tuple[RawBatch, int, pa.Table]:
-    """The batch of ``table``'s topic that starts at ``offsets``, its tombstones and its other records."""
+def _read(source: KafkaSource, table: CapturedTable, limits: BatchLimits, offsets: Mapping[int, int] | None,
+          until: Mapping[int, int] | None = None) -> tuple[RawBatch, int, pa.Table]:
+    """The batch of ``table``'s topic that starts at ``offsets`` (and stops before ``until``, where it
+    names a partition), its tombstones and its other records."""
     # Read the next batch while this one is applied; not for tables cut to whole transactions, whose
     # batches also read the transaction topic with the same consumer.
     raw = source.read_batch(table.topic, offsets, limits.max_records, limits.max_bytes, limits.poll_timeout_s,
-                            read_ahead=table.transaction_log is None)
+                            read_ahead=table.transaction_log is None, until=until)
     _checkpoint("consumed")
     is_tombstone = pc.is_null(raw.records["value"])
     tombstones = pc.sum(is_tombstone).as_py() or 0
@@ -357,14 +395,16 @@ def _read(source: KafkaSource, table: CapturedTable, limits: BatchLimits, offset
 
 
 def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
-             limits: BatchLimits, progress: TableProgress | None, existing: StructType | None) -> _Prepared:
+             limits: BatchLimits, progress: TableProgress | None, existing: StructType | None,
+             until: Mapping[int, int] | None = None) -> _Prepared:
     """Read the batch that starts at ``progress`` and fold it, for a table whose Delta schema is
-    ``existing``: everything before the commit, nothing written."""
-    raw, tombstones, events = _read(source, table, limits, progress.offsets if progress else None)
+    ``existing``: everything before the commit, nothing written. ``until``: where the batch stops in
+    the partitions it names (``_whole_transactions``)."""
+    raw, tombstones, events = _read(source, table, limits, progress.offsets if progress else None, until)
     while events.num_rows == 0 and existing is None and not raw.caught_up:
         # Tombstones only and no table to record their offsets in (nothing to create it from): read on,
         # and the first commit with rows records the offsets past them.
-        following, more, events = _read(source, table, limits, raw.end_offsets)
+        following, more, events = _read(source, table, limits, raw.end_offsets, until)
         raw = replace(following, start_offsets={**following.start_offsets, **raw.start_offsets},
                       records_read=raw.records_read + following.records_read,
                       bytes_read=raw.bytes_read + following.bytes_read,
@@ -382,6 +422,27 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
 
     samples = (_sample(events["key"]), _sample(events["value"]))
     layout = _derive_layout(table, raw, samples, existing, progress.key_columns if progress else ())
+    # A primary-key change's old values are found only with its delete in the batch (``core.key_changes``);
+    # batches cut to whole transactions keep a key change's two events together already.
+    cut = key_change_cut(raw.records, raw.end_offsets, raw.high_watermarks, table.kind, layout.placeholder) \
+        if layout.unavailable_tests and table.transaction_log is None else None
+    wider = limits
+    while cut is not None and cut == raw.start_offsets:
+        # Nothing can be kept without reading on (a delete whose create may follow): twice the limits.
+        wider = wider.model_copy(update={"max_records": 2 * wider.max_records, "max_bytes": 2 * wider.max_bytes})
+        raw, tombstones, events = _read(source, table, wider, raw.start_offsets, until)
+        cut = key_change_cut(raw.records, raw.end_offsets, raw.high_watermarks, table.kind, layout.placeholder)
+    if cut is not None or wider is not limits:
+        records = raw.records.filter(_arrow_before(cut, raw.records)) if cut is not None else raw.records
+        raw = replace(raw, records=records, end_offsets=cut or raw.end_offsets)
+        commit = replace(commit, version=sum(raw.end_offsets.values()), offsets=raw.end_offsets)
+        is_tombstone = pc.is_null(records["value"])
+        tombstones, events = pc.sum(is_tombstone).as_py() or 0, records.filter(pc.invert(is_tombstone))
+        if events.num_rows == 0:  # the cut kept tombstones only: their offsets are committed
+            return _Prepared(raw.without_records(), tombstones, timings, commit if existing is not None else None,
+                             existing=existing)
+        samples = (_sample(events["key"]), _sample(events["value"]))
+        layout = _derive_layout(table, raw, samples, existing, progress.key_columns if progress else ())
     # Searched and handed over without their schemas (a sixth of the bytes); ``events`` keep every byte for
     # dead letters and error messages.
     handed = events.set_column(events.schema.get_field_index("value"), "value", without_schemas(events["value"]))
@@ -400,7 +461,11 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
         decoded = decode_change_events(frame, read_as)
         transactions: dict[str, object] | None = None
         if table.transaction_log is not None:
-            cut_offsets, transactions = _whole_transactions(source, table, raw, progress, decoded, limits)
+            cut_offsets, transactions, read_again = _whole_transactions(source, table, raw, progress, decoded,
+                                                                        limits, until)
+            if read_again is not None:  # its first transaction fits once later ones are left out: read it whole
+                scratch.close()
+                return _prepare(spark, source, writer, table, limits, progress, existing, read_again)
             if cut_offsets is None:  # nothing whole yet (an END not ingested): commit nothing, report what waits
                 return _Prepared(replace(raw.without_records(), end_offsets=dict(raw.start_offsets)), tombstones,
                                  timings, existing=existing, transactions=transactions)

@@ -3,7 +3,7 @@
 from jobs.compaction import build_compaction_job, build_compaction_schedule
 from jobs.freshness import build_freshness_job, build_freshness_schedule
 from jobs.merge import build_merge_job, build_merge_schedules
-from jobs.schema_changes import apply_schema_change_job
+from jobs.schema_changes import build_apply_schema_change_job
 from jobs.snapshots import (
     build_snapshot_schedules,
     execute_snapshot_run_config,
@@ -14,7 +14,7 @@ from jobs.snapshots import (
 )
 
 __all__ = [
-    "apply_schema_change_job",
+    "build_apply_schema_change_job",
     "build_compaction_job",
     "build_compaction_schedule",
     "build_freshness_job",

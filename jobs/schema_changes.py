@@ -1,33 +1,64 @@
-"""Applying schema changes: ``apply_schema_change_job`` evolves a table's Delta schema before the
-next merge sees events of the new shape, and records the change in the table registry.
+"""Applying schema changes: ``apply_schema_change_job`` brings a table's Delta target to the schema
+its latest change announces, before the next merge sees events of the new shape, and records the
+change in the table registry.
+
+Changes take effect in source order whatever order their runs finish in: each run records its change,
+then brings the table to the registry's latest change of it by source position (``io.registry``), so
+a change that arrives after a later one only adds to the registry. Each change carries the table's
+whole column list, so the latest change alone decides the table's state.
 
 - CREATE: the Delta table is created with the announced columns (wide-type policy) and the hidden
   columns of its apply mode; the registry entry makes it an asset at the next code-location load.
+  A CREATE of a table that exists (a snapshot's, or a table created again after a DROP) is an ALTER
+  to its columns, and makes a retired table active again.
 - ALTER: added columns are added (nullable; existing rows read null). Widened types need nothing
   (wide-type policy). Dropped columns stay, nullable, listed in the table property
-  ``cdc_assets.dropped_columns``. A rename found in the DDL is applied as drop + add and noted in
+  ``cdc_assets.dropped_columns``. A rename found in the DDL (``RENAME COLUMN a TO b``,
+  ``CHANGE a b <type>``) is a drop + add whose new column takes the old one's values in the rows
+  last changed before the rename (by source position), so they read as the source does; noted in
   ``cdc_assets.renamed_columns``. A type change the policy cannot absorb (e.g. a decimal scale
   change) fails the run with a clear message.
-- DROP: the table and its data stay; the asset is retired (``cdc_assets.retired`` property,
-  registry status), and ``cdc_merge_job`` no longer selects it.
+- DROP: the table and its data stay. The table's pending change events (all made before the DROP)
+  are merged first, then the asset is retired (``cdc_assets.retired`` property, registry status),
+  and ``cdc_merge_job`` no longer selects it. A snapshot's ``DROP TABLE IF EXISTS`` never gets here
+  (``SchemaChangeEvent.acted_on``).
 Each run logs a materialization of the table's asset with the old and new schema and the DDL's
-source position.
+source position. The runs share the pool ``cdc_schema_changes``: with a limit of 1 they never race.
 """
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from dagster import AssetKey, AssetMaterialization, Config, MetadataValue, OpExecutionContext, job, op
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    Config,
+    JobDefinition,
+    MetadataValue,
+    OpExecutionContext,
+    job,
+    op,
+)
 from pydantic import Field
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from cdc_assets.api import apply_pending
+from cdc_assets.catalog import CapturedTable
+from cdc_assets.config import BatchLimits
 from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
+from cdc_assets.core.layout import HIDDEN_PREFIX
 from cdc_assets.core.schema_change import SchemaChangeError, diff_schema, source_type_changes
-from cdc_assets.io.delta import DeltaTarget
-from cdc_assets.io.registry import read_registry, record_change
-from cdc_assets.resources import DeltaResource, SparkResource
+from cdc_assets.io.delta import DeltaTarget, open_table
+from cdc_assets.io.kafka_source import SourceError
+from cdc_assets.io.registry import RegistryEntry, read_history, record_change
+from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
+
+RETIRED_PROPERTY = "cdc_assets.retired"
+DROPPED_COLUMNS_PROPERTY = "cdc_assets.dropped_columns"
+RENAMED_COLUMNS_PROPERTY = "cdc_assets.renamed_columns"
 
 
 class SchemaChangeConfig(Config):
@@ -39,6 +70,7 @@ class SchemaChangeConfig(Config):
     columns: str = Field(description="announced columns: Spark StructType JSON")
     primary_keys: list[str] = []
     renames: list[list[str]] = []
+    renamed_from: str | None = Field(default=None, description="<schema>.<table> before a RENAME TABLE")
     asset_key: list[str]
     delta_path: str
     apply_mode: ApplyModeName = "scd1"
@@ -56,56 +88,153 @@ def _schema_text(schema: T.StructType | None) -> str:
     return ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema.fields) if schema else "(no table)"
 
 
-@op(description="Create, evolve or retire one table's Delta target for a schema change.")
-def apply_schema_change(context: OpExecutionContext, config: SchemaChangeConfig, spark: SparkResource,
-                        delta: DeltaResource) -> None:
+def _properties(target: DeltaTarget) -> dict[str, str]:
+    table = open_table(target)
+    return dict(table.metadata().configuration) if table is not None else {}
+
+
+def build_apply_schema_change_job(table_for: Callable[[str, str], CapturedTable], limits: BatchLimits
+                                  ) -> JobDefinition:
+    """``apply_schema_change_job``; ``table_for(connector, table)`` gives a table's capture (for a DROP's
+    last merge, with ``limits``)."""
+
+    @op(description="Bring one table's Delta target to its latest schema change (create, evolve or retire).",
+        pool="cdc_schema_changes")
+    def apply_schema_change(context: OpExecutionContext, config: SchemaChangeConfig, spark: SparkResource,
+                            kafka: KafkaResource, delta: DeltaResource) -> None:
+        target = DeltaTarget(config.delta_path, dict(delta.storage_options))
+        record_change(delta.registry_path, delta.storage_options, connector=config.connector, table=config.table,
+                      change=config.change, primary_keys=tuple(config.primary_keys),
+                      columns=T.StructType.fromJson(json.loads(config.columns)),
+                      source_position=config.source_position, topic=config.topic, partition=config.partition,
+                      offset=config.offset, run_id=context.run_id)
+        history = read_history(delta.registry_path, delta.storage_options)[(config.connector, config.table)]
+        latest = history[-1]
+        metadata: dict[str, Any] = {
+            "change": config.change, "source_position": config.source_position,
+            "schema_topic_offset": f"{config.topic}[{config.partition}]@{config.offset}",
+        }
+        if (latest.topic, latest.partition, latest.offset) != (config.topic, config.partition, config.offset):
+            metadata["superseded_by"] = (f"{latest.change} at {latest.source_position} "
+                                         f"({latest.topic}[{latest.partition}]@{latest.offset})")
+            context.log.info(f"{config.change} of {config.table} at {config.source_position} arrived after the "
+                             f"later {metadata['superseded_by']}: the table is brought to that one")
+        if latest.change == "DROP":
+            metadata.update(_retire(context, table_for(config.connector, config.table), target, spark, kafka, delta,
+                                    limits))
+        else:
+            if config.renames:  # the rows a rename's copy reads must hold every change made before it
+                metadata["events_merged_before_rename"] = _merge_pending(
+                    context, table_for(config.connector, config.table), spark, kafka, delta, limits)
+            if config.renamed_from:
+                metadata.update(_take_over(context, config, table_for, target, spark, kafka, delta, limits))
+            metadata.update(_evolve(config, history, target, spark, delta))
+        context.log_event(AssetMaterialization(
+            asset_key=AssetKey(config.asset_key),
+            description=f"schema change {config.change} at {config.source_position or 'unknown position'}",
+            metadata={**metadata, "delta_path": MetadataValue.path(config.delta_path)}))
+
+    @job(name="apply_schema_change_job",
+         description="Apply one schema change (CREATE/ALTER/DROP) to a table's Delta target; requested by "
+                     "schema_change_sensor.")
+    def apply_schema_change_job() -> None:
+        apply_schema_change()
+
+    return apply_schema_change_job
+
+
+def _columns_ever(history: Sequence[RegistryEntry]) -> T.StructType:
+    """Every column the table's changes announced, in the order they first appeared, each with its latest
+    type: what its Delta table holds after them in order, as a dropped column stays in Delta."""
+    columns: dict[str, T.StructField] = {}
+    for entry in history:
+        if entry.change != "DROP":
+            columns.update({field.name: field for field in entry.columns.fields})
+    return T.StructType(list(columns.values()))
+
+
+def _evolve(config: SchemaChangeConfig, history: Sequence[RegistryEntry], target: DeltaTarget,
+            spark: SparkResource, delta: DeltaResource) -> dict[str, Any]:
+    """Create or evolve the table to its changes' columns, the latest change (a CREATE or ALTER) deciding
+    which are dropped: the same table whatever order the changes' runs took."""
     writer = delta.writer_for_schema_changes(spark)
-    target = DeltaTarget(config.delta_path, dict(delta.storage_options))
-    announced = T.StructType.fromJson(json.loads(config.columns))
+    latest = history[-1]
     before = writer.table_schema(target)
-    metadata: dict[str, Any] = {
-        "change": config.change, "source_position": config.source_position,
-        "schema_topic_offset": f"{config.topic}[{config.partition}]@{config.offset}",
-        "old_schema": _schema_text(before),
-    }
-    properties: dict[str, str] = {}
-    if config.change == "DROP":
-        if before is not None:
-            writer.ensure_columns(target, _arrow(before), {"cdc_assets.retired": "true"})
-        metadata["retired"] = True
-    else:
-        diff = diff_schema(before or T.StructType([]), announced)
-        if diff.refused:
-            raise SchemaChangeError(
-                f"{config.topic} partition {config.partition} offset {config.offset}: {config.change} of "
-                f"{config.table} changes types the wide-type policy cannot absorb: {list(diff.refused)}; rewrite "
-                "the table (or recreate it and request an incremental snapshot)")
-        if diff.dropped:
-            properties["cdc_assets.dropped_columns"] = ",".join(diff.dropped)
-        if config.renames:
-            properties["cdc_assets.renamed_columns"] = ",".join(f"{old}->{new}" for old, new in config.renames)
-        hidden = apply_mode(config.apply_mode).hidden_fields
-        wanted = T.StructType([*announced.fields, *hidden]) if before is None else T.StructType(list(diff.added))
-        changed = writer.ensure_columns(target, _arrow(wanted),
-                                        properties)
-        previous = read_registry(delta.registry_path, delta.storage_options).get((config.connector, config.table))
-        source_changes = source_type_changes(previous.columns, announced) if previous else []
-        metadata.update(added_columns=list(changed) if before is not None else [], dropped_columns=list(diff.dropped),
-                        widened_columns=sorted({*diff.widened, *(c.split(":")[0] for c in source_changes)}),
-                        source_type_changes=source_changes, created=before is None)
+    diff = diff_schema(before or T.StructType([]), _columns_ever(history))
+    if diff.refused:
+        raise SchemaChangeError(
+            f"{config.topic} partition {config.partition} offset {config.offset}: {config.change} of "
+            f"{config.table} changes types the wide-type policy cannot absorb: {list(diff.refused)}; rewrite "
+            "the table (or recreate it and request an incremental snapshot)")
+    held = [*(before.fieldNames() if before else []), *(field.name for field in diff.added)]
+    dropped = [name for name in held if name not in latest.columns.fieldNames() and not name.startswith(HIDDEN_PREFIX)]
+    current = _properties(target)
+    wanted_properties = {DROPPED_COLUMNS_PROPERTY: ",".join(dropped)}
+    if current.get(RETIRED_PROPERTY) == "true":
+        wanted_properties[RETIRED_PROPERTY] = "false"  # created again after a DROP
+    renames = [(old, new) for old, new in config.renames if old in held and new in held]
+    if renames:
+        noted = [pair for pair in current.get(RENAMED_COLUMNS_PROPERTY, "").split(",") if pair]
+        noted += [f"{old}->{new}" for old, new in renames if f"{old}->{new}" not in noted]
+        wanted_properties[RENAMED_COLUMNS_PROPERTY] = ",".join(noted)
+    # Only what differs: the snapshot's CREATE of a table as it is changes nothing, not even a property.
+    properties = {k: v for k, v in wanted_properties.items() if current.get(k, "") != v}
+    hidden = apply_mode(config.apply_mode).hidden_fields
+    wanted = T.StructType([*diff.added, *hidden]) if before is None else T.StructType(list(diff.added))
+    changed = writer.ensure_columns(target, _arrow(wanted), properties) if wanted.fields or properties else []
+    # Rows last changed before the rename hold their value under the old name: the new one gets it, so a
+    # row the rename did not touch reads as SELECT * does at the source. In any order: by source position.
+    copied = writer.copy_renamed(target, renames, config.source_position) if renames else 0
+    source_changes = source_type_changes(history[-2].columns, latest.columns) if len(history) > 1 else []
     after = writer.table_schema(target)
-    metadata["new_schema"] = _schema_text(after)
-    record_change(delta.registry_path, delta.storage_options, connector=config.connector, table=config.table,
-                  change=config.change, primary_keys=tuple(config.primary_keys), columns=announced,
-                  source_position=config.source_position, topic=config.topic, partition=config.partition,
-                  offset=config.offset, run_id=context.run_id)
-    context.log_event(AssetMaterialization(
-        asset_key=AssetKey(config.asset_key),
-        description=f"schema change {config.change} at {config.source_position or 'unknown position'}",
-        metadata={**metadata, "delta_path": MetadataValue.path(config.delta_path)}))
+    return {"old_schema": _schema_text(before), "new_schema": _schema_text(after),
+            "added_columns": list(changed) if before is not None else [], "dropped_columns": dropped,
+            "widened_columns": sorted({*diff.widened, *(c.split(":")[0] for c in source_changes)}),
+            "source_type_changes": source_changes, "created": before is None, "renamed_rows_copied": copied}
 
 
-@job(description="Apply one schema change (CREATE/ALTER/DROP) to a table's Delta target; requested by "
-                 "schema_change_sensor.")
-def apply_schema_change_job() -> None:
-    apply_schema_change()
+def _take_over(context: OpExecutionContext, config: SchemaChangeConfig,
+               table_for: Callable[[str, str], CapturedTable], target: DeltaTarget, spark: SparkResource,
+               kafka: KafkaResource, delta: DeltaResource, limits: BatchLimits) -> dict[str, Any]:
+    """A renamed table's rows go on under its new name: the old table's pending events are merged, then its
+    rows (positions and all: the new name's events, all later, win over them) become the new table's."""
+    assert config.renamed_from is not None
+    writer = delta.writer_for_schema_changes(spark)
+    if writer.table_schema(target) is not None:
+        context.log.warning(f"{config.table} was renamed from {config.renamed_from} but already has a Delta table: "
+                            "its rows from before the rename are not copied; request an incremental snapshot")
+        return {"renamed_from": config.renamed_from, "rows_taken_over": 0}
+    previous = table_for(config.connector, config.renamed_from)
+    merged = _merge_pending(context, previous, spark, kafka, delta, limits)
+    copied = writer.copy_table(previous.target, target) if writer.table_schema(previous.target) is not None else 0
+    return {"renamed_from": config.renamed_from, "events_merged_before_rename": merged, "rows_taken_over": copied}
+
+
+def _merge_pending(context: OpExecutionContext, table: CapturedTable, spark: SparkResource, kafka: KafkaResource,
+                   delta: DeltaResource, limits: BatchLimits) -> int:
+    """Merge the table's pending change events, as a merge run would; the events read. Before a DROP they
+    were all made before it; before a rename's copy, the rows they change hold their last values."""
+    source = kafka.new_source()
+    try:
+        reports = apply_pending(table, kafka=source, spark=spark.spark_session,
+                                writer=delta.writer_for(spark.spark_session), limits=limits)
+    except SourceError as exc:
+        if "does not exist" not in str(exc):
+            raise
+        context.log.info(f"{table.topic}: no topic, so no change event to merge")
+        return 0
+    finally:
+        source.close()
+    return sum(report.events_read for report in reports)
+
+
+def _retire(context: OpExecutionContext, table: CapturedTable, target: DeltaTarget, spark: SparkResource,
+            kafka: KafkaResource, delta: DeltaResource, limits: BatchLimits) -> Mapping[str, Any]:
+    """Merge the dropped table's pending events (every one was made before the DROP), then retire it."""
+    events = _merge_pending(context, table, spark, kafka, delta, limits)
+    writer = delta.writer_for_schema_changes(spark)
+    before = writer.table_schema(target)
+    if before is not None and _properties(target).get(RETIRED_PROPERTY) != "true":
+        writer.ensure_columns(target, _arrow(before), {RETIRED_PROPERTY: "true"})
+    schema = _schema_text(before)
+    return {"retired": True, "events_merged_before_drop": events, "old_schema": schema, "new_schema": schema}

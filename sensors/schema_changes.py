@@ -1,5 +1,7 @@
 """The schema-change sensor: reads each connector's schema-change topic (``<topic.prefix>``) and
-requests an ``apply_schema_change_job`` run for every CREATE, ALTER or DROP of a captured table.
+requests an ``apply_schema_change_job`` run for every CREATE, ALTER or DROP of a captured table (but a
+snapshot's DROP: ``SchemaChangeEvent.acted_on``). The runs may finish in any order: the job applies
+changes in source order (``jobs.schema_changes``).
 
 Run keys are ``schema-change:<topic>:<partition>:<offset>:<n>``, so a re-evaluated tick never
 launches a change twice. The cursor (``{topic: {partition: next offset}}``) only moves past events
@@ -8,11 +10,11 @@ coordinates when nothing before it was requested; otherwise it logs the error an
 """
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable
 
 from dagster import JobDefinition, RunRequest, SensorDefinition, SensorEvaluationContext, SensorResult, sensor
 
-from cdc_assets.catalog import CapturedTable, captures, new_table
+from cdc_assets.catalog import CapturedTable, captures
 from cdc_assets.config import PipelineConfig
 from cdc_assets.core.schema_change import SchemaChangeError, parse_schema_change
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
@@ -22,12 +24,12 @@ from cdc_assets.translator import CdcTranslator
 MAX_EVENTS_PER_TICK = 500
 
 
-def make_schema_change_sensor(config: PipelineConfig, tables: Sequence[CapturedTable], apply_job: JobDefinition,
-                              minimum_interval_seconds: int = 30,
+def make_schema_change_sensor(config: PipelineConfig, table_for: Callable[[str, str], CapturedTable],
+                              apply_job: JobDefinition, minimum_interval_seconds: int = 30,
                               translator: CdcTranslator | None = None) -> SensorDefinition:
     """A sensor over every connector's schema-change topic that requests ``apply_job`` runs (for the
-    assets the translator, default ``CdcTranslator()``, names)."""
-    known = {(table.connector, table.name): table for table in tables}
+    assets the translator, default ``CdcTranslator()``, names); ``table_for(connector, table)``: a
+    table's capture (``catalog.table_finder``)."""
     translator = translator or CdcTranslator()
 
     @sensor(name="schema_change_sensor", job=apply_job, minimum_interval_seconds=minimum_interval_seconds,
@@ -55,21 +57,21 @@ def make_schema_change_sensor(config: PipelineConfig, tables: Sequence[CapturedT
                     if partition in stopped:
                         continue
                     try:
-                        event = parse_schema_change(record["value"])
+                        event = parse_schema_change(record["value"], connector.kind)
                     except SchemaChangeError as exc:
                         problems.append(f"{topic} partition {partition} offset {offset}: {exc}")
                         next_offsets[partition] = offset
                         stopped.add(partition)
                         continue
                     for index, change in enumerate(event.changes):
-                        if not captures(connector, change.name):
+                        if change not in event.acted_on or not captures(connector, change.name):
                             continue
-                        table = known.get((connector.name, change.name)) or new_table(config, connector,
-                                                                                       change.name)
+                        table = table_for(connector.name, change.name)
                         run_config = {"ops": {"apply_schema_change": {"config": {
                             "connector": connector.name, "table": change.name, "change": change.type,
                             "columns": change.columns.json(), "primary_keys": list(change.primary_keys),
                             "renames": [list(pair) for pair in change.renames],
+                            "renamed_from": change.renamed_from,
                             "asset_key": translator.get_asset_key(table).path, "delta_path": table.target.path,
                             "apply_mode": table.apply_mode, "source_position": event.source_position,
                             "topic": topic, "partition": partition, "offset": offset}}}}

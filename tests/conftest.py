@@ -24,6 +24,8 @@ from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.spark import DELTA_JARS_ENV_VAR, delta_jars_dir, has_delta, spark_config, spark_records
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, disconnect, ensure_local_server, stop_all
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
+from tests.connect import ConnectWorker
+from tests.mariadb import MariaDBServer
 from tests.postgres import PostgresServer
 
 # Copies of ../shared/data/debezium-captures (real Debezium events, Apache License 2.0; see their README).
@@ -42,6 +44,21 @@ def postgres() -> Iterator[PostgresServer]:
     """A private PostgreSQL (logical decoding on) for the session, from the machine's binaries."""
     with PostgresServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def mariadb() -> Iterator[MariaDBServer]:
+    """A private MariaDB (row-based binlog, a ``dbz`` user with Debezium's grants) for the session."""
+    with MariaDBServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def connect_worker(broker: ApacheKafkaBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectWorker]:
+    """One Kafka Connect 4.3 distributed worker (Debezium's MariaDB and PostgreSQL connectors) on the session's
+    broker, shared by every test: give each connector its own name and ``topic.prefix``."""
+    with ConnectWorker(broker.bootstrap_servers, tmp_path_factory.mktemp("connect")) as worker:
+        yield worker
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cdc_assets.demo.events import db2_source, envelope, postgres_source, sqlserver_source
+from cdc_assets.io.delta import DeltaRsWriter
 from tests.conftest import captured_table, new_topic, produce, read_rows, run_batch
 
 GROUP = 10  # histories per example
@@ -511,3 +512,123 @@ def test_random_mongodb_histories_end_as_the_reference(spark, broker, writer, tm
     rows = read_rows(spark, writer, table)
     assert {json.loads(k[0])["$numberLong"]: json.loads(row["document"]) for k, row in rows.items()} == {
         str(doc): document for doc, document in expected.items()}
+
+
+# --- primary-key changes of rows with unchanged TOASTed values (REPLICA IDENTITY DEFAULT) ---
+
+UNAVAILABLE = "__debezium_unavailable_value"
+TOAST_COLUMNS = {"id": "bigint", "big": "string", "n": "bigint"}
+
+
+def pg_change(op: str, key: int, lsn: int, big: str = UNAVAILABLE, n: int = 0, commit: int | None = None
+              ) -> list[tuple[bytes, bytes | None]]:
+    """A PostgreSQL change of s.t as Debezium sends it: a delete's before image holds the key only (REPLICA
+    IDENTITY DEFAULT) and is followed by its tombstone; ``big`` unchanged and TOASTed is the placeholder;
+    ``commit``: the last commit LSN of ``sequence``."""
+    source = postgres_source(lsn, 1_700_000_000_000 + lsn, "s", "t")
+    if commit is not None:
+        source["sequence"] = json.dumps([str(commit), str(lsn)])
+    record_key = json.dumps({"id": key}).encode()
+    if op == "d":
+        return [(record_key, envelope("d", {"id": key}, None, source, 1_700_000_000_000 + lsn)), (record_key, None)]
+    return [(record_key, envelope(op, None, {"id": key, "big": big, "n": n}, source, 1_700_000_000_000 + lsn))]
+
+
+def pk_change(old: int, new: int, lsn: int, n: int = 0) -> list[tuple[bytes, bytes | None]]:
+    """``UPDATE t SET id = new WHERE id = old`` leaving ``big`` alone: a delete and a create at one LSN."""
+    return pg_change("d", old, lsn) + pg_change("c", new, lsn, n=n)
+
+
+def current_values(spark, writer, table) -> dict[int, tuple[str | None, int]]:
+    """``{id: (big, n)}`` of the live rows (scd2: of the current versions)."""
+    if table.apply_mode == "scd2":
+        return {k: (v["big"], v["n"]) for k, vs in scd2_versions(spark, writer, table).items() for v in vs
+                if v["_cdc_current"]}
+    return {k[0]: (r["big"], r["n"]) for k, r in read_rows(spark, writer, table, visible_only=False).items()
+            if not r.get("_cdc_deleted")}
+
+
+@pytest.mark.parametrize("mode", ["scd1", "soft_delete", "scd2"])
+def test_a_primary_key_change_carries_the_old_key_s_unchanged_values(spark, broker, writer, tmp_path, mode):
+    """A key change's create carrying the placeholder takes the old key's value: the one the table holds
+    (read before the MERGE deletes it), or the old key's latest in the batch; through chains of key
+    changes in one batch, a key deleted and re-created by a key change, and later placeholder updates."""
+    topic = new_topic(broker, "dbserver1.s.t", partitions=3)
+    table = replace(captured_table(topic, tmp_path, columns=TOAST_COLUMNS), apply_mode=mode)
+    rng = random.Random(5)
+    first = [*pg_change("c", 1, 10, "one"), *pg_change("c", 2, 11, "two"), *pg_change("c", 3, 12, "three")]
+    produce_spread(broker, topic, first, 3, rng)
+    apply_all(spark, broker, writer, table, 1000)
+    second = [
+        *pk_change(1, 11, 100),  # the table holds 1's value
+        *pg_change("c", 4, 110, "four"), *pk_change(4, 14, 120),  # the batch holds 4's value
+        *pk_change(2, 12, 130), *pk_change(12, 22, 140),  # a chain: 22 <- 12 <- 2 (in the table)
+        *pg_change("u", 3, 150, n=7), *pk_change(3, 13, 160, n=7),  # 3's last event left big unavailable too
+        *pg_change("c", 5, 170, "five"), *pg_change("d", 5, 180), *pk_change(14, 5, 190),  # 5 again: 4's value
+        *pg_change("u", 11, 200, n=2),  # a placeholder update after the key change
+    ]
+    produce_spread(broker, topic, second, 3, rng)
+    apply_all(spark, broker, writer, table, 1000)
+    assert current_values(spark, writer, table) == {11: ("one", 2), 22: ("two", 0), 13: ("three", 7),
+                                                    5: ("four", 0)}
+
+
+def test_a_batch_cut_never_separates_a_primary_key_change(spark, broker, tmp_path):
+    """Key changes whose delete and create lie on different partitions, read in batches of a few records:
+    a batch stopped at its limits leaves for the next one what was emitted after the earliest last event
+    it read on a partition it did not finish, so every create finds its delete (and the old key's value).
+    The cut is the pipeline's, before any writer: one writer checks it."""
+    writer = DeltaRsWriter()
+    topic = new_topic(broker, "dbserver1.s.t", partitions=3)
+    table = captured_table(topic, tmp_path, columns=TOAST_COLUMNS)
+    rng = random.Random(11)
+    keys = range(1, 13)
+    produce_spread(broker, topic, [r for k in keys for r in pg_change("c", k, k, f"text {k}")], 3, rng)
+    apply_all(spark, broker, writer, table, 1000)
+    changes, lsn = [], 100
+    for k in keys:
+        changes += pk_change(k, 100 + k, lsn, n=k)
+        changes += pg_change("u", 100 + rng.choice([j for j in keys if j <= k]), lsn + 1, n=-1) if k % 3 == 0 \
+            else []
+        lsn += 10
+    produce_spread(broker, topic, changes, 3, rng)
+    reports = []
+    for _ in range(200):
+        reports.append(run_batch(spark, broker, writer, table, max_records=5))
+        if reports[-1].raw.caught_up:
+            break
+    assert {k: v[0] for k, v in current_values(spark, writer, table).items()} == {100 + k: f"text {k}"
+                                                                                for k in keys}
+    assert sum(r.summary.unavailable_never_seen for r in reports if r.summary) == 0
+
+
+def _raw(partitions: dict[int, list[tuple[bytes, bytes | None]]]):
+    """Raw records of partitions, each from offset 0."""
+    import pyarrow as pa
+
+    rows = [(p, offset, value) for p, records in partitions.items() for offset, (_, value) in enumerate(records)]
+    return pa.table({"partition": pa.array([r[0] for r in rows], pa.int32()),
+                     "offset": pa.array([r[1] for r in rows], pa.int64()),
+                     "value": pa.array([r[2] for r in rows], pa.binary())})
+
+
+def test_the_cut_follows_postgresql_s_emission_order_not_the_lsn():
+    """Transactions are emitted in commit order while their changes interleave in the WAL: T2 (LSN 150)
+    committed before T1 (its key change at LSN 100). Partition 0 was read up to T2's change, so T1's create
+    on it may be unread: T1's delete (a lower LSN) must wait with everything emitted after T2."""
+    from cdc_assets.core.key_changes import emission_order, key_change_cut
+
+    t2 = pg_change("u", 7, 150, n=1, commit=90)
+    t1 = [*pg_change("d", 1, 100, commit=160), *pg_change("c", 101, 100, commit=160)]
+    t3 = pg_change("u", 5, 210, n=1, commit=200)
+    assert emission_order(t2[0][1], "postgresql") < emission_order(t1[0][1], "postgresql") \
+        < emission_order(t3[0][1], "postgresql")
+    partitions = {0: [*t2, t1[2]], 1: [*t1[:2], *t3]}
+    read = {0: 1, 1: 3}  # partition 0 stopped before T1's create
+    cut = key_change_cut(_raw({0: partitions[0][:1], 1: partitions[1]}), read, {0: 2, 1: 3}, "postgresql",
+                         UNAVAILABLE)
+    assert cut == {0: 1, 1: 0}
+    # Read whole, nothing is left out; a key change whose two events were read stays whole.
+    assert key_change_cut(_raw(partitions), {0: 2, 1: 3}, {0: 2, 1: 3}, "postgresql", UNAVAILABLE) is None
+    assert key_change_cut(_raw({0: [t1[2]], 1: t1[:2]}), {0: 1, 1: 2}, {0: 5, 1: 5}, "postgresql",
+                          UNAVAILABLE) is None

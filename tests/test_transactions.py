@@ -44,12 +44,12 @@ def change(table, key, value, lsn, tx_id=None, order=1):
 
 
 class Connector:
-    """Two tables of one connector with transaction metadata, on fresh topics."""
+    """Two tables of one connector with transaction metadata, on fresh topics of ``partitions``."""
 
-    def __init__(self, broker, tmp_path):
+    def __init__(self, broker, tmp_path, partitions=1):
         self.prefix = new_topic(broker, "txdb").replace(".", "_")
         self.tx_topic = new_topic_named(broker, f"{self.prefix}.transaction")
-        self.topics = {name: new_topic_named(broker, f"{self.prefix}.s.{name}") for name in ("a", "b")}
+        self.topics = {name: new_topic_named(broker, f"{self.prefix}.s.{name}", partitions) for name in ("a", "b")}
         log = TransactionLog(self.tx_topic, DeltaTarget(str(tmp_path / "_cdc_assets" / "transactions")),
                              "postgresql")
         self.watermarks = DeltaTarget(str(tmp_path / "_cdc_assets" / "watermarks"))
@@ -224,7 +224,7 @@ def test_a_transaction_larger_than_a_batch_is_a_clear_error(spark, broker, write
     c = Connector(broker, tmp_path)
     produce(broker, c.tx_topic, [tx_event("BEGIN", "575"), tx_event("END", "575", {"s.a": 6})])
     produce(broker, c.topics["a"], [change("a", k, "h", 40 + k, "575", k) for k in range(6)])
-    with pytest.raises(BatchTooSmallError, match="do not fit in a batch of 4 records"):
+    with pytest.raises(BatchTooSmallError, match="transaction 575 does not fit in a batch of 4 records"):
         run_batch(spark, broker, writer, c.tables["a"], max_records=4)
     assert run_batch(spark, broker, writer, c.tables["a"], max_records=10).transactions["applied"] == 1
 
@@ -288,8 +288,94 @@ def test_a_batch_waiting_for_an_end_not_ingested_yet_waits_instead_of_blaming_th
     assert report.outcome is None and report.raw.end_offsets == report.raw.start_offsets
     assert list(report.transactions["waiting"].values()) == [{"seen": 4, "expected": None}]
     produce(broker, c.tx_topic, [tx_event("END", "7:70", {"s.a": 6})])
-    with pytest.raises(BatchTooSmallError, match=r"'seen': 4, 'expected': 6.*do not fit in a batch of 4 "
-                                                 r"records.*Raise the batch limits"):
+    with pytest.raises(BatchTooSmallError, match=r"transaction 7 does not fit in a batch of 4 records.*announces 6 "
+                                                 r"events.*after 4 of them.*max_records_per_batch .* at least 6 "):
         run_batch(spark, broker, writer, c.tables["a"], max_records=4)
     assert run_batch(spark, broker, writer, c.tables["a"], max_records=10).transactions["applied"] == 1
     assert ids(spark, writer, c.tables["a"]) == list(range(6))
+
+
+def row_event(op, key, value, lsn, tx_id, order):
+    """A create, update or delete of row ``key`` in PostgreSQL transaction ``tx_id``."""
+    transaction = {"id": f"{tx_id}:{lsn}", "total_order": order, "data_collection_order": order}
+    source = postgres_source(lsn, 1_700_000_000_000 + lsn, "s", "a")
+    before = {"id": key, "v": "old"} if op != "c" else None
+    after = {"id": key, "v": value} if op != "d" else None
+    return encode_key({"id": key}), envelope(op, before, after, source, lsn, transaction)
+
+
+def produce_transactions(broker, c, transactions, partitions):
+    """Produce transactions of table ``s.a`` as the connector does: each one's events after those of the
+    transactions before it in every partition (row ``key`` in partition ``key % partitions``), a
+    tombstone after each delete, every BEGIN and END in the transaction topic. Returns the rows a
+    table holds once all are applied, and the tombstones."""
+    by_partition = {p: [] for p in range(partitions)}
+    expected, lsn, tombstones = {}, 1000, 0
+    tx_events = []
+    for tx_id, changes in transactions:
+        tx_events.append(tx_event("BEGIN", tx_id))
+        for order, (op, key, value) in enumerate(changes, 1):
+            lsn += 1
+            by_partition[key % partitions].append(row_event(op, key, value, lsn, tx_id, order))
+            if op == "d":
+                by_partition[key % partitions].append((encode_key({"id": key}), None))
+                tombstones += 1
+                expected.pop(key, None)
+            else:
+                expected[key] = value
+        tx_events.append(tx_event("END", tx_id, {"s.a": len(changes)}))
+    produce(broker, c.tx_topic, tx_events)
+    for partition, records in by_partition.items():
+        produce(broker, c.topics["a"], records, partition=partition)
+    return expected, tombstones
+
+
+def values(spark, writer, table):
+    return {key[0]: row["v"] for key, row in read_rows(spark, writer, table).items()}
+
+
+def test_a_transaction_that_fits_is_applied_whatever_later_ones_fill_the_partitions_with(spark, broker, writer,
+                                                                                          tmp_path):
+    """Batches of 10 records over 3 partitions: the first transaction has 6 of its 8 events in partition 0,
+    behind which the other partitions hold later transactions' events. A batch of 10 read from all three
+    holds 6 or fewer of its events and nothing whole (which was BatchTooSmallError): the batch is read again
+    without the later transactions, and every transaction that fits (one of exactly 10) is applied."""
+    c = Connector(broker, tmp_path, partitions=3)
+    transactions = [
+        ("801", [("c", k, "t1") for k in (0, 3, 6, 9, 12, 15, 1, 2)]),
+        ("802", [("c", 4, "t2"), ("c", 7, "t2"), ("c", 10, "t2"), ("c", 5, "t2"), ("c", 8, "t2"), ("u", 0, "t2")]),
+        ("803", [("u", 3, "t3"), ("u", 6, "t3"), ("u", 1, "t3"), ("c", 13, "t3"), ("c", 16, "t3"), ("u", 2, "t3"),
+                 ("c", 11, "t3"), ("c", 14, "t3")]),
+        ("804", [("c", k, "t4") for k in range(18, 28)]),
+        ("805", [("d", 9, None), *(("u", k, "t5") for k in (2, 5, 8, 11, 14))]),
+        ("806", [("u", k, "t6") for k in (0, 3, 6, 12, 15, 18, 21)] + [("d", 24, None), ("d", 27, None)]),
+    ]
+    expected, tombstones = produce_transactions(broker, c, transactions, partitions=3)
+    total = sum(len(changes) for _, changes in transactions) + tombstones
+    applied, batches = 0, 0
+    while batches < 30:
+        report = run_batch(spark, broker, writer, c.tables["a"], max_records=10)
+        batches += 1
+        assert report.raw.end_offsets != report.raw.start_offsets, f"batch {batches} applied nothing: {report}"
+        applied += (report.transactions or {}).get("applied", 0)  # none in a batch of tombstones alone
+        if sum(report.raw.end_offsets.values()) == total:
+            break
+    assert applied == len(transactions)
+    assert values(spark, writer, c.tables["a"]) == expected
+
+
+def test_a_transaction_that_cannot_fit_names_the_limit_it_needs_tombstones_included(spark, broker, writer, tmp_path):
+    """The END announces 6 events; with the tombstones after its two deletes they take 8 records: a
+    batch of 7 fails, saying 8, and one of 8 applies it."""
+    from cdc_assets.pipeline import BatchTooSmallError
+
+    c = Connector(broker, tmp_path)
+    changes = [("c", 1, "x"), ("c", 2, "x"), ("d", 1, None), ("d", 2, None), ("c", 3, "x"), ("c", 4, "x")]
+    expected, _ = produce_transactions(broker, c, [("901", changes), ("902", [("c", 5, "y")])], partitions=1)
+    with pytest.raises(BatchTooSmallError, match=r"transaction 901 does not fit in a batch of 7 records.*announces 6 "
+                                                 r"events.*at least 8 \(the 6 events, and a record for each "
+                                                 r"tombstone"):
+        run_batch(spark, broker, writer, c.tables["a"], max_records=7)
+    assert run_batch(spark, broker, writer, c.tables["a"], max_records=8).transactions["applied"] == 1
+    run_batch(spark, broker, writer, c.tables["a"], max_records=8)
+    assert values(spark, writer, c.tables["a"]) == expected

@@ -7,7 +7,8 @@ next batch may be folded before this one is committed. Callers ask ``apply_mode(
 the object and never compare mode names.
 
 Every mode keeps the placeholder rule: a value the connector left unavailable (PostgreSQL TOAST,
-Oracle LOBs) is unchanged, so the rows take the value the table holds for the key (``keep_unavailable``).
+Oracle LOBs) is unchanged, so the rows take the value the table holds for the key, or for a primary-key
+change's create the old key's (``keep_unavailable``, ``core.key_changes``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from cdc_assets.core.arrow import to_arrow
 from cdc_assets.core.envelope import ERROR_COLUMN, TRUNCATE_OP
 from cdc_assets.core.fold import BadEvent, BatchSummary, fold_batch
 from cdc_assets.core.history import CLOSE_AT_COLUMN, CLOSE_TS_COLUMN, KIND_COLUMN, history_versions, latest_positions
+from cdc_assets.core.key_changes import ORIGIN_COLUMN, KeyChanges
 from cdc_assets.core.layout import (
     CURRENT_COLUMN,
     DELETED_COLUMN,
@@ -91,7 +93,8 @@ class ApplyMode(ABC):
     def rows(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows) -> tuple[pa.Table, BatchSummary]:
         """The rows to MERGE from a batch's decoded events, and the batch summary; no placeholder left."""
         rows, summary = self._fold(decoded, layout, stored)
-        rows, summary = keep_unavailable(rows, summary, layout.key_columns, stored, self.current_column)
+        rows, summary = keep_unavailable(rows, summary, layout.key_columns, stored, self.current_column,
+                                         KeyChanges(decoded, layout))
         return self._finish(rows), summary
 
     def _fold(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows
@@ -255,31 +258,52 @@ def _good_keys(decoded: DataFrame, layout: ChangeEventLayout) -> pa.Table:
 
 
 def keep_unavailable(rows: pa.Table, summary: BatchSummary, key_columns: Sequence[str], stored: StoredRows,
-                     current_column: str | None = None) -> tuple[pa.Table, BatchSummary]:
+                     current_column: str | None = None, key_changes: KeyChanges | None = None
+                     ) -> tuple[pa.Table, BatchSummary]:
     """Give the values the batch left unavailable (the placeholder: unchanged, and no event of the
     batch knew them) the value the table holds for the key (with ``current_column``: its current
-    version's); where the table has no row for the key the value was never captured and stays null,
-    counted in the summary."""
+    version's); for a primary-key change's create (``_cdc_origin``), the old key's value, known in the
+    batch or held by the table (``key_changes``). Where the table has no row for the key the value was
+    never captured and stays null, counted in the summary."""
     if UNAVAILABLE_COLUMN not in rows.column_names:
         return rows, summary
     left = rows[UNAVAILABLE_COLUMN]
+    origins = rows[ORIGIN_COLUMN] if ORIGIN_COLUMN in rows.column_names else pa.nulls(rows.num_rows, pa.string())
     pending = pc.fill_null(pc.greater(pc.list_value_length(left), 0), False)
-    rows = rows.drop_columns([UNAVAILABLE_COLUMN])
+    rows = rows.drop_columns([name for name in (UNAVAILABLE_COLUMN, ORIGIN_COLUMN) if name in rows.column_names])
     if not pc.any(pending).as_py():
         return rows, summary
     filled, lists = rows.filter(pending).to_pylist(), left.filter(pending).to_pylist()
     keys = list(key_columns)
-    names = sorted({name for names in lists for name in names})
-    stored_rows = stored(rows.filter(pending).select(keys), [*keys, *names, *filter(None, [current_column])])
-    found_by_key = {tuple(row[k] for k in keys): row for row in (stored_rows.to_pylist() if stored_rows else [])
-                    if current_column is None or row[current_column]}
     kept = never_seen = 0
-    for row, unknown in zip(filled, lists, strict=True):
-        found = found_by_key.get(tuple(row[k] for k in keys))
+    # Per value still to find: its row, its column and the key whose stored row holds it.
+    wanted: list[tuple[dict[str, object], str, tuple[object, ...]]] = []
+    for row, unknown, origin in zip(filled, lists, origins.filter(pending).to_pylist(), strict=True):
         for name in unknown:
-            if found is None:
+            if origin is None or key_changes is None:
+                wanted.append((row, name, tuple(row[k] for k in keys)))
+                continue
+            source, found = key_changes.source_of(origin, name)
+            if source == "value":
+                row[name], kept = found, kept + 1
+            elif source == "stored":
+                assert isinstance(found, tuple)
+                wanted.append((row, name, found))
+            else:
+                never_seen += 1
+    if wanted:
+        lookup = list(dict.fromkeys(key for _, _, key in wanted))
+        names = sorted({name for _, name, _ in wanted})
+        key_table = pa.Table.from_pylist([dict(zip(keys, key, strict=True)) for key in lookup],
+                                         schema=rows.select(keys).schema)
+        stored_rows = stored(key_table, [*keys, *names, *filter(None, [current_column])])
+        found_by_key = {tuple(row[k] for k in keys): row for row in (stored_rows.to_pylist() if stored_rows else [])
+                        if current_column is None or row[current_column]}
+        for row, name, key in wanted:
+            stored_row = found_by_key.get(key)
+            if stored_row is None:
                 never_seen += 1
             else:
-                row[name], kept = found[name], kept + 1
+                row[name], kept = stored_row[name], kept + 1
     rows = pa.concat_tables([rows.filter(pc.invert(pending)), pa.Table.from_pylist(filled, schema=rows.schema)])
     return rows, replace(summary, unavailable_kept=kept, unavailable_never_seen=never_seen)

@@ -23,6 +23,8 @@ from pyspark.sql import functions as F
 
 from cdc_assets.core.arrow import to_arrow
 from cdc_assets.core.envelope import ERROR_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, SNAPSHOT_COLUMN, TRUNCATE_OP
+from cdc_assets.core.key_changes import ORIGIN_COLUMN, key_change_create
+from cdc_assets.core.key_changes import POSITION_FIELD as _AT
 from cdc_assets.core.layout import (
     OP_COLUMN,
     POSITION_COLUMN,
@@ -30,6 +32,7 @@ from cdc_assets.core.layout import (
     UNAVAILABLE_COLUMN,
     ChangeEventLayout,
 )
+from cdc_assets.core.position import position_source_part
 
 _COUNTS = {
     "_n_create": "c",
@@ -49,8 +52,11 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
     """Per key: the target columns of the latest good event (null if none) and the key's statistics.
 
     A column the latest event left unavailable (the placeholder: unchanged) takes the value of the
-    key's latest good event that carried one; where no event of the batch did, it is null and the
-    row's ``_cdc_unavailable`` lists it, for the pipeline to keep the value the table holds."""
+    key's latest good event that carried one (a delete carries none); where no event of the batch did,
+    it is null and the row's ``_cdc_unavailable`` lists it, for the pipeline to keep the value the table
+    holds. A create that left columns unavailable is a primary-key change's (``core.key_changes``): the
+    row started there, so only later events give values, and ``_cdc_origin`` names the create's source
+    position, whose delete's key held the values before."""
     target_columns = layout.target_type.fieldNames()
     carried = [name for name in target_columns if name not in layout.key_columns]
     unavailable = [name for name in layout.unavailable_tests if name in carried]
@@ -60,9 +66,13 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
     truncate = op == TRUNCATE_OP  # keyless: counted, never a row
     if unavailable:
         left = F.col(UNAVAILABLE_COLUMN)
+        position = F.col(POSITION_COLUMN)
         # Per such column, the latest event that knew it (a struct: a known null is not "unknown").
-        known = [F.max_by(F.struct(F.col(name)), F.when(good & ~F.array_contains(left, name), F.col(POSITION_COLUMN)))
+        known = [F.max_by(F.struct(F.col(name), position.alias(_AT)),
+                          F.when(good & (op != "d") & ~F.array_contains(left, name), position))
                  .alias(f"_known_{index}") for index, name in enumerate(unavailable)]
+        known.append(F.max_by(F.struct(position_source_part(position).alias("part"), position.alias(_AT)),
+                              F.when(good & key_change_create(op, left), position)).alias("_anchor"))
     else:
         known = []
     # Only counts and max/max_by here: a collecting aggregate (collect_list) would switch the whole
@@ -84,18 +94,24 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
     extra: list[Column] = []
     if unavailable:
         deleted = latest[OP_COLUMN] == "d"
+        anchor = F.col("_anchor")
         still: list[Column] = []
         for index, name in enumerate(unavailable):
             was_left = F.coalesce(F.array_contains(latest[UNAVAILABLE_COLUMN], name), F.lit(False)) & ~deleted
-            values[name] = F.when(was_left, F.col(f"_known_{index}")[name]).otherwise(latest[name])
-            still.append(F.when(was_left & F.col(f"_known_{index}").isNull(), F.lit(name)))
-        extra.append(F.array_compact(F.array(*still)).alias(UNAVAILABLE_COLUMN))
+            known_value = F.col(f"_known_{index}")
+            # A value known before the key's primary-key change create belongs to an earlier row of the key.
+            valid = known_value.isNotNull() & (anchor.isNull() | (known_value[_AT] >= anchor[_AT]))
+            values[name] = F.when(was_left, F.when(valid, known_value[name])).otherwise(latest[name])
+            still.append(F.when(was_left & ~valid, F.lit(name)))
+        remaining = F.array_compact(F.array(*still))
+        extra.append(remaining.alias(UNAVAILABLE_COLUMN))
+        extra.append(F.when(F.size(remaining) > 0, anchor["part"]).alias(ORIGIN_COLUMN))
     return folded.select(
         *layout.key_columns,
         *[column.alias(name) for name, column in values.items()],
         *extra,
         *STAT_COLUMNS,
-    ).select(*target_columns, *([UNAVAILABLE_COLUMN] if unavailable else []), *STAT_COLUMNS)
+    ).select(*target_columns, *([UNAVAILABLE_COLUMN, ORIGIN_COLUMN] if unavailable else []), *STAT_COLUMNS)
 
 
 @dataclass(frozen=True, order=True)

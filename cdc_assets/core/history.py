@@ -23,6 +23,8 @@ from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
 from cdc_assets.core.envelope import ERROR_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN
+from cdc_assets.core.key_changes import ORIGIN_COLUMN, key_change_create
+from cdc_assets.core.key_changes import POSITION_FIELD as _AT
 from cdc_assets.core.layout import (
     CURRENT_COLUMN,
     OP_COLUMN,
@@ -35,6 +37,7 @@ from cdc_assets.core.layout import (
     VALID_TO_TS_COLUMN,
     ChangeEventLayout,
 )
+from cdc_assets.core.position import position_source_part
 
 KIND_COLUMN = "_merge_kind"
 CLOSE_AT_COLUMN = "_merge_close_at"
@@ -52,17 +55,28 @@ def latest_positions(versions: DataFrame, key_columns: Sequence[str]) -> DataFra
 def _carried_values(data: Sequence[str], layout: ChangeEventLayout, by_key: WindowSpec
                     ) -> tuple[list[Column], list[str]]:
     """The version rows' values: a column an event left unavailable (the placeholder: unchanged)
-    carries the previous version's value, the latest of the key's earlier events that knew it; where
-    none did, ``_cdc_unavailable`` lists it, for the pipeline to carry the table's current version's."""
+    carries the previous version's value, the latest of the key's earlier events that knew it (a delete
+    knows none); where none did, ``_cdc_unavailable`` lists it, for the pipeline to carry the table's
+    current version's, or, after a primary-key change's create (``core.key_changes``), the old key's:
+    ``_cdc_origin`` names that create's source position, and values known before it are an earlier row's."""
     unavailable = [name for name in layout.unavailable_tests if name in data]
     if not unavailable:
         return [F.col(name) for name in data], []
     so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    known = {name: F.last(F.when(~F.array_contains(F.col(UNAVAILABLE_COLUMN), name), F.struct(F.col(name))),
-                          ignorenulls=True).over(so_far) for name in unavailable}
-    values = [known[name][name].alias(name) if name in known else F.col(name) for name in data]
-    still = F.array_compact(F.array(*[F.when(known[name].isNull(), F.lit(name)) for name in unavailable]))
-    return [*values, still.alias(UNAVAILABLE_COLUMN)], [UNAVAILABLE_COLUMN]
+    left, op, position = F.col(UNAVAILABLE_COLUMN), F.col(OP_COLUMN), F.col(POSITION_COLUMN)
+    known = {name: F.last(F.when((op != "d") & ~F.array_contains(left, name),
+                                 F.struct(F.col(name), position.alias(_AT))), ignorenulls=True).over(so_far)
+             for name in unavailable}
+    anchor = F.last(F.when(key_change_create(op, left), F.struct(position_source_part(position).alias("part"),
+                                                                 position.alias(_AT))),
+                    ignorenulls=True).over(so_far)
+    valid = {name: known[name].isNotNull() & (anchor.isNull() | (known[name][_AT] >= anchor[_AT]))
+             for name in unavailable}
+    values = [F.when(valid[name], known[name][name]).alias(name) if name in known else F.col(name) for name in data]
+    still = F.array_compact(F.array(*[F.when(~valid[name], F.lit(name)) for name in unavailable]))
+    origin = F.when(F.size(still) > 0, anchor["part"])
+    return [*values, still.alias(UNAVAILABLE_COLUMN), origin.alias(ORIGIN_COLUMN)], [UNAVAILABLE_COLUMN,
+                                                                                       ORIGIN_COLUMN]
 
 
 def history_versions(events: DataFrame, layout: ChangeEventLayout, latest: DataFrame | None = None) -> DataFrame:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql import types as T
 
 from cdc_assets.core.envelope import json_payload
+from cdc_assets.core.position import source_position_of
+from cdc_assets.core.types import DECIMAL_NAME, column_type
 
 _JDBC_TYPES: dict[int, T.DataType] = {
     -7: T.BooleanType(), 16: T.BooleanType(),
@@ -27,7 +29,18 @@ _JDBC_TYPES: dict[int, T.DataType] = {
     -2: T.BinaryType(), -3: T.BinaryType(), -4: T.BinaryType(), 2004: T.BinaryType(),
 }
 _DECIMAL_JDBC = (2, 3)
-_RENAME = re.compile(r"RENAME\s+COLUMN\s+\"?(?P<old>[\w$]+)\"?\s+TO\s+\"?(?P<new>[\w$]+)\"?", re.IGNORECASE)
+_BIT_JDBC = -7
+# RENAME COLUMN a TO b (quoted "a" or `a`), and MySQL's and MariaDB's CHANGE [COLUMN] a b <type>.
+_RENAMES = (
+    re.compile(r"\bRENAME\s+COLUMN\s+[\"`]?(?P<old>[\w$]+)[\"`]?\s+TO\s+[\"`]?(?P<new>[\w$]+)[\"`]?", re.IGNORECASE),
+    re.compile(r"\bCHANGE\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?`?(?P<old>[\w$]+)`?\s+`?(?P<new>[\w$]+)`?\s+\w",
+               re.IGNORECASE),
+)
+
+_RENAME_TABLE = re.compile(r"\s*RENAME\s+TABLES?\s+(?P<pairs>.+)", re.IGNORECASE | re.DOTALL)
+_ALTER_RENAME_TABLE = re.compile(r"\s*ALTER\s+(?:ONLINE\s+|IGNORE\s+)*TABLE\s+(?:IF\s+EXISTS\s+)?(?P<old>\S+)\s+.*?"
+                                 r"\bRENAME\s+(?:TO\s+|AS\s+)?(?!COLUMN\b|INDEX\b|KEY\b|CONSTRAINT\b)(?P<new>[^\s,;]+)",
+                                 re.IGNORECASE | re.DOTALL)
 
 
 class SchemaChangeError(ValueError):
@@ -42,7 +55,8 @@ class TableChange:
     name: str  # "<schema>.<table>"
     primary_keys: tuple[str, ...]
     columns: T.StructType
-    renames: tuple[tuple[str, str], ...] = ()
+    renames: tuple[tuple[str, str], ...] = ()  # columns renamed (old, new) by the DDL
+    renamed_from: str | None = None  # the table's name before a RENAME TABLE
 
 
 @dataclass(frozen=True)
@@ -51,16 +65,35 @@ class SchemaChangeEvent:
 
     database: str | None
     ddl: str | None
-    source_position: str
+    source_position: str  # the connector kind's fixed-width source position: compares as source order
     changes: tuple[TableChange, ...]
+    snapshot: bool = False  # emitted by a snapshot (source.snapshot not "false")
+
+    @property
+    def acted_on(self) -> tuple[TableChange, ...]:
+        """The changes that change a table. A snapshot's DROP (MariaDB's and MySQL's snapshots emit
+        ``DROP TABLE IF EXISTS`` before each ``CREATE TABLE``) rebuilds the connector's schema history:
+        no table was dropped at the source, and acting on it would retire a live table."""
+        return tuple(change for change in self.changes if not (self.snapshot and change.type == "DROP"))
 
 
 def column_spark_type(column: Mapping[str, Any]) -> T.DataType:
-    """The Delta type of an announced column (wide-type policy)."""
+    """The Delta type of an announced column (wide-type policy), the type its change events decode to."""
     jdbc = column.get("jdbcType")
+    type_name = str(column.get("typeName") or "").upper()
     if jdbc in _DECIMAL_JDBC:
-        scale = column.get("scale")
-        return T.DecimalType(38, int(scale) if scale is not None else 0)
+        # The type its events' Decimal gets (core.types.column_type): decimal(38, scale), or the exact text
+        # past 38 digits (MySQL's DECIMAL(65, 30)).
+        scale, precision = column.get("scale"), column.get("length")
+        return column_type({"name": DECIMAL_NAME, "parameters": {
+            "scale": int(scale) if scale is not None else 0,
+            **({"connect.decimal.precision": int(precision)} if precision is not None else {})}}).data_type
+    if type_name == "BIGINT UNSIGNED":
+        # An unsigned 64-bit value can exceed bigint: decimal(38, 0) holds both what
+        # bigint.unsigned.handling.mode=precise sends (a Decimal) and =long's int64.
+        return T.DecimalType(38, 0)
+    if jdbc == _BIT_JDBC and type_name == "BIT" and (column.get("length") or 1) > 1:
+        return T.BinaryType()  # BIT(n > 1) arrives as io.debezium.data.Bits bytes; BIT(1) as a boolean
     return _JDBC_TYPES.get(jdbc, T.StringType()) if isinstance(jdbc, int) else T.StringType()
 
 
@@ -87,8 +120,29 @@ def table_name_from_id(table_id: str) -> str:
     return ".".join(parts[-2:])
 
 
-def parse_schema_change(value: bytes | None) -> SchemaChangeEvent:
-    """Parse one schema-change record value (with or without the schema/payload wrapper)."""
+def table_renames(ddl: str | None, database: str | None) -> list[tuple[str, str]]:
+    """The ``(old, new)`` tables a ``RENAME TABLE a TO b[, c TO d]`` or ``ALTER TABLE a RENAME [TO|AS] b``
+    renames, as ``schema.table`` (an unqualified name is in ``database``)."""
+    if not ddl:
+        return []
+    pairs: list[tuple[str, str]] = []
+    if renamed := _RENAME_TABLE.match(ddl):
+        for pair in renamed.group("pairs").split(","):
+            if words := re.fullmatch(r"\s*(\S+)\s+TO\s+(\S+?)\s*;?\s*", pair, re.IGNORECASE):
+                pairs.append((words.group(1), words.group(2)))
+    elif altered := _ALTER_RENAME_TABLE.match(ddl):
+        pairs.append((altered.group("old"), altered.group("new")))
+
+    def qualified(name: str) -> str:
+        parts = [part.strip("`\"") for part in name.split(".")]
+        return ".".join(parts[-2:]) if len(parts) > 1 or not database else f"{database}.{parts[0]}"
+
+    return [(qualified(old), qualified(new)) for old, new in pairs]
+
+
+def parse_schema_change(value: bytes | None, kind: str) -> SchemaChangeEvent:
+    """Parse one schema-change record value (with or without the schema/payload wrapper) of a connector
+    of ``kind``; its position is the kind's source position (``core.position.source_position_of``)."""
     try:
         payload = json_payload(value)
     except ValueError as exc:
@@ -96,9 +150,11 @@ def parse_schema_change(value: bytes | None) -> SchemaChangeEvent:
     if not isinstance(payload, dict) or not isinstance(payload.get("tableChanges"), list):
         raise SchemaChangeError("value has no 'tableChanges' list: not a Debezium schema-change event")
     source = payload.get("source") or {}
-    position = ":".join(str(source.get(k)) for k in ("commit_lsn", "change_lsn", "lsn", "ts_ms") if source.get(k))
+    if not isinstance(source, dict):
+        raise SchemaChangeError("value's 'source' is not an object")
     ddl = payload.get("ddl")
-    renames = tuple((m.group("old"), m.group("new")) for m in _RENAME.finditer(ddl or ""))
+    renames = tuple((m.group("old"), m.group("new")) for pattern in _RENAMES for m in pattern.finditer(ddl or "")
+                    if m.group("old") != m.group("new"))
     changes = []
     for index, change in enumerate(payload["tableChanges"]):
         if not isinstance(change, dict) or change.get("type") not in ("CREATE", "ALTER", "DROP"):
@@ -119,7 +175,17 @@ def parse_schema_change(value: bytes | None) -> SchemaChangeEvent:
             raise SchemaChangeError(f"tableChanges[{index}]: a column has no name ({exc})") from exc
         changes.append(TableChange(change["type"], table_name_from_id(change["id"]),
                                    tuple(table.get("primaryKeyColumnNames") or ()), struct, renames))
-    return SchemaChangeEvent(payload.get("databaseName"), ddl, position, tuple(changes))
+    # A renamed table arrives as an ALTER of its new name alone: the old name's table ends there, as at a DROP,
+    # and its rows go on under the new name.
+    moves = table_renames(ddl, payload.get("databaseName"))
+    origin = {new: old for old, new in moves}
+    changes = [replace(change, renamed_from=origin.get(change.name)) for change in changes]
+    changes[:0] = [TableChange("DROP", old, (), T.StructType([])) for old, _ in moves]
+    # Any snapshot marker but "false" (true, first, last, incremental...): the connector describing the
+    # schema it found, not a change made at the source.
+    snapshot = str(source.get("snapshot") or "false").lower() != "false"
+    return SchemaChangeEvent(payload.get("databaseName"), ddl, source_position_of(source, kind), tuple(changes),
+                             snapshot)
 
 
 @dataclass(frozen=True)

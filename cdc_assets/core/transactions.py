@@ -5,6 +5,9 @@ A transaction may be applied to a table once its END is known and every one of i
 table (END's per-collection ``event_count``) is in the batch. The batch is cut, per partition, before
 the first event of any other transaction, so events of incomplete transactions wait for a later batch
 and no offset is committed past them.
+
+A batch stopped by its limits may hold later transactions' events in some partitions before the rest
+of the first one in others: ``read_on`` says where a batch that reads that transaction whole stops.
 """
 
 from __future__ import annotations
@@ -93,21 +96,84 @@ class TransactionCut:
 def cut_batch(table: str, start: Mapping[int, int], end: Mapping[int, int],
               seen: Mapping[str, tuple[int, Mapping[int, int]]], ends: Mapping[str, Mapping[str, int]]
               ) -> TransactionCut:
-    """The batch end per partition: before the first event of any transaction that is not whole.
+    """The batch end per partition: before the first event of any transaction that is not whole, and
+    of any whole one that such a cut leaves part of out (its events in another partition come after
+    the cut there): a batch applies all of a transaction's events or none.
 
     ``seen``: per transaction id in the batch, (events of this table, first offset per partition).
     ``ends``: per known END, its data collections.
     """
     cut = dict(end)
     waiting: dict[str, tuple[int, int | None]] = {}
-    for tx_id, (count, first_offsets) in seen.items():
+    for tx_id, (count, _) in seen.items():
         expected = collection_count(ends[tx_id], table) if tx_id in ends else None
         if expected is None or count < expected:
             waiting[tx_id] = (count, expected)
-            for partition, offset in first_offsets.items():
+    held = set(waiting)  # transactions the batch applies nothing of
+    while held:
+        for tx_id in held:
+            for partition, offset in seen[tx_id][1].items():
                 cut[partition] = min(cut[partition], offset)
-    applied = tuple(sorted(tx for tx, (_, firsts) in seen.items()
-                           if tx not in waiting and all(o < cut[p] for p, o in firsts.items())))
+        split = {tx for tx, (_, firsts) in seen.items()
+                 if tx not in held and any(o >= cut[p] for p, o in firsts.items())}
+        if not split:
+            break
+        held |= split
+    applied = tuple(sorted(tx for tx in seen if tx not in held))
     for partition in cut:
         cut[partition] = max(cut[partition], start.get(partition, 0))
     return TransactionCut(cut, applied, waiting)
+
+
+@dataclass(frozen=True)
+class ReadOn:
+    """The first transaction waiting in a batch that can apply nothing, and how to read it whole."""
+
+    transaction: str
+    seen: int  # its events for the table in the batch
+    expected: int  # its events for the table, as its END announces
+    until: dict[int, int]  # per partition, the offset a batch that reads the transaction stops before
+    open: tuple[int, ...]  # partitions that may hold more of its events: not read up to ``until``
+    helps: bool  # whether a batch stopped at ``until`` leaves out records this one read
+
+
+def read_on(table: str, cut: TransactionCut, start: Mapping[int, int], end: Mapping[int, int],
+            stop: Mapping[int, int], seen: Mapping[str, tuple[int, Mapping[int, int]]],
+            ends: Mapping[str, tuple[int, Mapping[str, int]]]) -> ReadOn | None:
+    """For a batch whose ``cut`` applies nothing (every partition it read starts with a waiting
+    transaction): the first of those transactions to commit, and the offsets a batch reading it whole
+    stops before. None while one of them has no known END (it waits for it) or its END does not name
+    the table.
+
+    A connector writes a transaction's events after those of every transaction committed before it,
+    in every partition: the transaction with the smallest END offset among the partitions' first ones
+    has no events behind another transaction's in any partition. So a batch needs nothing of a
+    partition that starts with another transaction, nor of a partition past the first event of
+    another transaction, nor past where this batch was to stop (``stop``: the high watermarks, or an
+    earlier ``until``: each read again stops no later, so reads again end); the partitions not read up to
+    there are ``open``: the rest of it is there.
+
+    ``ends``: per known END, its offset and data collections.
+    """
+    firsts_in: dict[int, tuple[int, str]] = {}  # per partition, the waiting transaction read first there
+    for tx_id in cut.waiting:
+        for partition, offset in seen[tx_id][1].items():
+            if partition not in firsts_in or offset < firsts_in[partition][0]:
+                firsts_in[partition] = (offset, tx_id)
+    heads = {partition: tx_id for partition, (_, tx_id) in firsts_in.items()}
+    if not heads or any(tx not in ends for tx in heads.values()):
+        return None
+    first = min(set(heads.values()), key=lambda tx: ends[tx][0])
+    expected = collection_count(ends[first][1], table)
+    if expected is None:
+        return None
+    until: dict[int, int] = {}
+    for partition in start:
+        later = [firsts[partition] for tx, (_, firsts) in seen.items() if tx != first and partition in firsts]
+        if partition in heads and heads[partition] != first:
+            until[partition] = start[partition]
+        else:
+            until[partition] = min([*later, stop[partition]])
+    open_partitions = tuple(sorted(p for p in start if end[p] < until[p]))
+    helps = bool(open_partitions) and any(end[p] > until[p] for p in start)
+    return ReadOn(first, seen[first][0], expected, until, open_partitions, helps)

@@ -15,10 +15,10 @@ instead of losing it). Nested structs, arrays and maps are parsed as their Spark
 | io.debezium.time.Date, connect Date                 | date                           |
 | io.debezium.time.Timestamp / MicroTimestamp / NanoTimestamp, connect Timestamp | timestamp_ntz (wall clock) |
 | io.debezium.time.ZonedTimestamp                     | timestamp (UTC instant)        |
-| io.debezium.time.Time / MicroTime / NanoTime, connect Time | string ``HH:mm:ss.SSSSSS`` |
+| io.debezium.time.Time / MicroTime / NanoTime, connect Time | string ``[-]HH:mm:ss.SSSSSS`` (hours past 24 kept) |
 | io.debezium.time.ZonedTime, Json, Uuid, Enum, EnumSet, Xml, Ltree | string            |
 | io.debezium.time.Year                               | bigint                         |
-| io.debezium.data.Bits                               | binary                         |
+| io.debezium.data.Bits                               | binary, big-endian (as the database returns it) |
 | io.debezium.time.MicroDuration / NanoDuration        | long                           |
 | any other logical name or type name                 | refused: a clear error         |
 
@@ -69,7 +69,7 @@ PRIMITIVES: dict[str, T.DataType] = {
     "bytes": T.BinaryType(),
 }
 
-_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+DECIMAL_NAME = "org.apache.kafka.connect.data.Decimal"
 _VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
 _STRING_LOGICAL = {
     "io.debezium.time.ZonedTime", "io.debezium.data.Json", "io.debezium.data.Uuid", "io.debezium.data.Enum",
@@ -225,8 +225,33 @@ def _variable_scale_decimal(text: Column, spec: ColumnType) -> Column:
     return _let(F.from_json(text, "scale int, value string"), converted)
 
 
+_MICROS_PER_HOUR, _MICROS_PER_MINUTE, _MICROS_PER_SECOND = 3_600_000_000, 60_000_000, 1_000_000
+
+
+def _whole(micros: Column, unit: int) -> Column:
+    """How many whole ``unit`` fit in non-negative ``micros``: exact, as the quotient is a whole number below 2^53."""
+    return ((micros - micros % unit) / unit).cast("long")
+
+
 def _time_of_day(micros: Column) -> Column:
-    return F.date_format(F.timestamp_micros(micros), "HH:mm:ss.SSSSSS")
+    """A Debezium time, microseconds since midnight, as ``[-]HH:mm:ss.SSSSSS`` with the hours never wrapped at 24:
+    MySQL's and MariaDB's TIME is a duration (-838:59:59 to 838:59:59) and PostgreSQL's time reaches 24:00:00.
+    Arithmetic, not a timestamp format, which would wrap them (and read the session's time zone)."""
+    magnitude = F.abs(micros)
+    hours = _whole(magnitude, _MICROS_PER_HOUR).cast("string")
+    return F.concat(
+        F.when(micros < 0, F.lit("-")).otherwise(F.lit("")),
+        F.lpad(hours, F.greatest(F.length(hours), F.lit(2)), "0"), F.lit(":"),
+        F.lpad(_whole(magnitude % _MICROS_PER_HOUR, _MICROS_PER_MINUTE).cast("string"), 2, "0"), F.lit(":"),
+        F.lpad(_whole(magnitude % _MICROS_PER_MINUTE, _MICROS_PER_SECOND).cast("string"), 2, "0"), F.lit("."),
+        F.lpad((magnitude % _MICROS_PER_SECOND).cast("string"), 6, "0"))
+
+
+def _bits(text: Column) -> Column:
+    """Debezium's Bits (base64 of little-endian bytes, as every connector sends them) as big-endian bytes: the value
+    the database returns for a ``BIT(n)`` (MySQL's b'000000000101' is 0x0005, sent as 05 00)."""
+    pairs = F.regexp_extract_all(F.hex(F.unbase64(text)), F.lit("(..)"), 1)
+    return F.unhex(F.array_join(F.reverse(pairs), ""))
 
 
 def _converters() -> dict[str, Callable[[Column, ColumnType], Column]]:
@@ -234,7 +259,7 @@ def _converters() -> dict[str, Callable[[Column, ColumnType], Column]]:
         return column.cast(T.TimestampNTZType())
 
     return {
-        _DECIMAL: _fixed_decimal,
+        DECIMAL_NAME: _fixed_decimal,
         _VARIABLE_DECIMAL: _variable_scale_decimal,
         "io.debezium.time.Date": lambda text, _: F.date_add(F.lit("1970-01-01").cast("date"), text.try_cast("int")),
         "org.apache.kafka.connect.data.Date": lambda text, _: F.date_add(F.lit("1970-01-01").cast("date"),
@@ -250,7 +275,7 @@ def _converters() -> dict[str, Callable[[Column, ColumnType], Column]]:
         "io.debezium.time.MicroTime": lambda text, _: _time_of_day(text.try_cast("long")),
         "io.debezium.time.NanoTime": lambda text, _: _time_of_day(
             F.floor(text.try_cast("decimal(38,0)") / 1000).cast("long")),
-        "io.debezium.data.Bits": lambda text, _: F.unbase64(text),
+        "io.debezium.data.Bits": lambda text, _: _bits(text),
         "bytes": lambda text, _: F.unbase64(text),
     }
 
@@ -262,12 +287,12 @@ def column_type(schema: Mapping[str, Any]) -> ColumnType:
     """The Spark type (and conversion) of a Connect field schema; unknown logical types are refused."""
     name, connect_type = schema.get("name"), schema.get("type")
     parameters = schema.get("parameters") or {}
-    if name == _DECIMAL:
+    if name == DECIMAL_NAME:
         scale = int(parameters.get("scale", 0))
         precision = parameters.get("connect.decimal.precision")
         digits = int(precision) if precision is not None else _MAX_DIGITS  # absent: money, sized by its scale
         fits = (0 <= scale <= _MAX_DIGITS and digits <= _MAX_DIGITS) or (scale < 0 and digits - scale <= _MAX_DIGITS)
-        return ColumnType(T.DecimalType(_MAX_DIGITS, max(scale, 0)) if fits else T.StringType(), _DECIMAL, scale)
+        return ColumnType(T.DecimalType(_MAX_DIGITS, max(scale, 0)) if fits else T.StringType(), DECIMAL_NAME, scale)
     if name == _VARIABLE_DECIMAL:
         return ColumnType(T.DecimalType(_MAX_DIGITS, _VARIABLE_SCALE), _VARIABLE_DECIMAL)
     if name in ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date"):
@@ -308,7 +333,7 @@ def column_type(schema: Mapping[str, Any]) -> ColumnType:
 def declared(spec: ColumnType, data_type: T.DataType) -> ColumnType | None:
     """A decimal column (Connect Decimal or VariableScaleDecimal) read as the type a table's ``columns``
     config declares for it, ``string`` (exact text) or a decimal; None: the declaration does not apply."""
-    if spec.logical in (_DECIMAL, _VARIABLE_DECIMAL) and isinstance(data_type, (T.StringType, T.DecimalType)):
+    if spec.logical in (DECIMAL_NAME, _VARIABLE_DECIMAL) and isinstance(data_type, (T.StringType, T.DecimalType)):
         return replace(spec, data_type=data_type)
     return None
 

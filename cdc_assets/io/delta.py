@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -31,14 +31,14 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pds
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from cdc_assets.core.apply_modes import HELPER_PREFIX, ApplyMode, Clause, MergePlan
 from cdc_assets.core.arrow import to_arrow
-from cdc_assets.core.layout import CURRENT_COLUMN
+from cdc_assets.core.layout import CURRENT_COLUMN, POSITION_COLUMN
 from cdc_assets.io.spark import has_delta, is_local
 
 METADATA_KEY = "cdc_assets"
@@ -157,6 +157,16 @@ class DeltaWriter(Protocol):
         set ``properties`` on it. Returns the names of the columns created or added."""
         ...
 
+    def copy_renamed(self, target: DeltaTarget, renames: Sequence[tuple[str, str]], before_position: str) -> int:
+        """For each ``(old, new)`` column rename, give the rows last changed before ``before_position`` (the
+        rename's source position) the old column's value in the new one. Returns the rows updated."""
+        ...
+
+    def copy_table(self, source: DeltaTarget, target: DeltaTarget) -> int:
+        """Create ``target`` as a copy of ``source``'s rows, hidden columns and all (a renamed table's rows
+        under its new name); returns the rows copied. ``target`` must not exist yet."""
+        ...
+
     def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
         """Rows, duplicated keys and null keys of the table (for scd2, of its current versions)."""
         ...
@@ -215,6 +225,14 @@ def _concurrent_commit_guard(target: DeltaTarget, commit: CommitRequest) -> Iter
             f"{dict(commit.offsets)}) was being merged ({exc}); nothing of this batch was committed and the next "
             "run resumes from the table's committed offsets. Use Dagster pools so one table is merged by one run "
             "at a time") from exc
+
+
+def _renamed_rows(before_position: str, quote: Callable[[str], str]) -> str:
+    """The rows a rename's copy updates: those last changed before the rename (a row's position starts with
+    its event's source position, which sorts as the DDL's does); rows changed since hold the new column's
+    own value."""
+    position = before_position.replace("'", "''")
+    return f"{quote(POSITION_COLUMN)} < '{position}'"
 
 
 def quote_datafusion(name: str) -> str:
@@ -341,16 +359,34 @@ class DeltaRsWriter:
 
         table = open_table(target)
         if table is None:
-            table = DeltaTable.create(target.path, schema=schema, storage_options=dict(target.storage_options),
-                                      configuration=dict(properties) or None)
-            return list(schema.names)
-        present = set(pa.schema(table.schema().to_arrow()).names)
-        missing = [field.with_nullable(True) for field in schema if field.name not in present]
-        if missing:
-            table.alter.add_columns([Field.from_arrow(field) for field in missing])
+            # Properties set after: create's configuration refuses keys outside Delta's own (delta-rs 1.6).
+            table = DeltaTable.create(target.path, schema=schema, storage_options=dict(target.storage_options))
+            added = list(schema.names)
+        else:
+            present = set(pa.schema(table.schema().to_arrow()).names)
+            missing = [field.with_nullable(True) for field in schema if field.name not in present]
+            if missing:
+                table.alter.add_columns([Field.from_arrow(field) for field in missing])
+            added = [field.name for field in missing]
         if properties:
             table.alter.set_table_properties(dict(properties), raise_if_not_exists=False)
-        return [field.name for field in missing]
+        return added
+
+    def copy_renamed(self, target: DeltaTarget, renames: Sequence[tuple[str, str]], before_position: str) -> int:
+        table = open_table(target)
+        if table is None or not renames:
+            return 0
+        updates = {quote_datafusion(new): quote_datafusion(old) for old, new in renames}
+        result = table.update(updates=updates, predicate=_renamed_rows(before_position, quote_datafusion))
+        return int(result.get("num_updated_rows", 0))
+
+    def copy_table(self, source: DeltaTarget, target: DeltaTarget) -> int:
+        table = open_table(source)
+        if table is None:
+            raise DeltaWriterError(f"{source.path}: no Delta table to copy")
+        rows = table.to_pyarrow_table()
+        write_deltalake(target.path, rows, mode="error", storage_options=dict(target.storage_options))
+        return rows.num_rows
 
     def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
         table = open_table(target)
@@ -490,6 +526,22 @@ class DeltaSparkWriter:
         if properties:
             self._ddl(f"ALTER TABLE {table} SET TBLPROPERTIES ({_properties_sql(properties)})")
         return [field.name for field in missing]
+
+    def copy_renamed(self, target: DeltaTarget, renames: Sequence[tuple[str, str]], before_position: str) -> int:
+        if not renames or self._history(target, 1) is None:
+            return 0
+        assignments = ", ".join(f"{quote_spark(new)} = {quote_spark(old)}" for old, new in renames)
+        rows = self._spark.sql(f"UPDATE {self._table_ref(target)} SET {assignments} WHERE "
+                               f"{_renamed_rows(before_position, quote_spark)}").collect()
+        return int(rows[0][0]) if rows else 0
+
+    def copy_table(self, source: DeltaTarget, target: DeltaTarget) -> int:
+        if self._history(source, 1) is None:
+            raise DeltaWriterError(f"{source.path}: no Delta table to copy")
+        rows = self._spark.read.format("delta").load(source.path)
+        self._create(target, to_arrow_schema(rows.schema, timezone="UTC"), {})
+        self._spark.sql(f"INSERT INTO {self._table_ref(target)} SELECT * FROM {self._table_ref(source)}").collect()
+        return int(self._spark.read.format("delta").load(target.path).count())
 
     def _create(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> None:
         """Create the table with ``schema`` and ``properties`` unless it exists. In SQL: the Python

@@ -4,10 +4,11 @@ The consumer is assigned partitions at given offsets and never auto-commits: the
 are the ones committed with the data into Delta. A batch ends at the high watermarks seen when it
 starts, or earlier at the record/byte bounds, so a run never chases a moving end.
 
-A batch's partitions fetch together. The broker bounds what one fetch brings of each partition
-(``max.partition.fetch.bytes``), so their records come interleaved, and each partition's part of a
-batch ends at the high watermark seen when the batch began: a partition that keeps receiving records
-cannot keep the others waiting.
+A batch's partitions fetch together, and each partition's part of a batch ends at the high watermark
+seen when the batch began: a partition that keeps receiving records cannot keep the others waiting.
+librdkafka hands out what it fetched partition by partition, so a batch bounded by records or bytes
+shares its bounds out among the partitions with pending records (``_consume``): one busy partition
+cannot fill a batch while the others wait.
 """
 
 from __future__ import annotations
@@ -67,6 +68,56 @@ class RawBatch:
         """The batch's coordinates and counts, its records let go: a run keeps what each of its
         batches read, and must not keep the records of every batch while it drains a backlog."""
         return replace(self, records=self.records.schema.empty_table())
+
+
+class _Shares:
+    """A batch's record and byte bounds shared out among its partitions, in rounds: each round gives every
+    partition still below its end an even part of what the batch may still take, so a partition that
+    reaches its end with part of its share unused leaves it to the others in the next round."""
+
+    def __init__(self, partitions: list[int], max_records: int, max_bytes: int):
+        self.max_records, self.max_bytes = max_records, max_bytes
+        self.count = self.size = 0
+        self._records = dict.fromkeys(partitions, 0)
+        self._bytes = dict.fromkeys(partitions, 0)
+        self._record_share = dict.fromkeys(partitions, 0)
+        self._byte_share = dict.fromkeys(partitions, 0)
+
+    @property
+    def full(self) -> bool:
+        """Whether the batch reached a bound."""
+        return self.count >= self.max_records or self.size >= self.max_bytes
+
+    @property
+    def records_left(self) -> int:
+        return self.max_records - self.count
+
+    def records_allowed(self, partition: int) -> int:
+        """Records the partition may still take in this round."""
+        return self._record_share[partition] - self._records[partition]
+
+    def takes(self, partition: int) -> bool:
+        """Whether the partition may take its next record (the one that crosses its byte share included)."""
+        return (not self.full and self._records[partition] < self._record_share[partition]
+                and self._bytes[partition] < self._byte_share[partition])
+
+    def active(self, below: list[int]) -> list[int]:
+        """The partitions of ``below`` (not at their ends) that may take records; a new round when none may."""
+        taking = [p for p in below if self.takes(p)]
+        if taking:
+            return taking
+        records, size = -(-self.records_left // len(below)), -(-(self.max_bytes - self.size) // len(below))
+        for partition in below:
+            self._record_share[partition] = self._records[partition] + records
+            self._byte_share[partition] = self._bytes[partition] + size
+        return list(below)
+
+    def took(self, partition: int, size: int) -> None:
+        """Count a record of ``size`` bytes the partition took."""
+        self.count += 1
+        self.size += size
+        self._records[partition] += 1
+        self._bytes[partition] += size
 
 
 class KafkaSource:
@@ -157,27 +208,33 @@ class KafkaSource:
         max_bytes: int,
         poll_timeout_s: float = 30.0,
         read_ahead: bool = False,
+        until: Mapping[int, int] | None = None,
     ) -> RawBatch:
         """Read ``topic`` from ``start_offsets`` (absent partitions: earliest) to the high watermarks.
 
-        Stops early at ``max_records`` records or ``max_bytes`` of keys and values; each partition's
-        records are a contiguous run from its start offset.
+        Stops early at ``max_records`` records or ``max_bytes`` of keys and values, shared out evenly
+        among the partitions with pending records (a partition with fewer leaves its part to the
+        others); each partition's records are a contiguous run from its start offset.
+
+        ``until``: per partition, an offset its part of the batch stops before (a batch that must
+        leave a partition's later records out); the batch is then not caught up there.
 
         ``read_ahead``: when the batch stops short of the high watermarks, the next one (from its end
         offsets, same bounds) is read in the background while the caller applies this one, and the
         next call that asks for exactly it takes it. Any other use of the source waits for it first
         (the consumer has one user at a time) and reads anew.
         """
-        request = (topic, dict(start_offsets) if start_offsets else None, max_records, max_bytes)
+        bounds = dict(until) if until else None
+        request = (topic, dict(start_offsets) if start_offsets else None, max_records, max_bytes, bounds)
         batch = self._take_ahead(request)
         if batch is None:
-            batch = self._read(topic, start_offsets, max_records, max_bytes, poll_timeout_s)
+            batch = self._read(topic, start_offsets, max_records, max_bytes, poll_timeout_s, bounds)
         if read_ahead and not batch.caught_up:
-            following = (topic, dict(batch.end_offsets), max_records, max_bytes)
+            following = (topic, dict(batch.end_offsets), max_records, max_bytes, bounds)
             if self._reader is None:
                 self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-read-ahead")
             self._ahead = (following, self._reader.submit(self._read, topic, batch.end_offsets, max_records,
-                                                          max_bytes, poll_timeout_s))
+                                                          max_bytes, poll_timeout_s, bounds))
         return batch
 
     def _take_ahead(self, request: tuple) -> RawBatch | None:
@@ -203,7 +260,7 @@ class KafkaSource:
             return asked, None
 
     def _read(self, topic: str, start_offsets: Mapping[int, int] | None, max_records: int, max_bytes: int,
-              poll_timeout_s: float) -> RawBatch:
+              poll_timeout_s: float, until: Mapping[int, int] | None = None) -> RawBatch:
         started = time.perf_counter()
         consumer = self._client_for(topic)
         # Asked by the fetching consumer itself: it learns the partitions' leaders from the answer. Left to
@@ -227,14 +284,15 @@ class KafkaSource:
                     f"{high[partition]}: the topic was recreated or truncated; resetting the table is an "
                     "operator's decision")
             start[partition] = committed if committed is not None else low
-        pending = [p for p in partitions if start[p] < high[p]]
+        stop = {p: min(high[p], max(start[p], (until or {}).get(p, high[p]))) for p in partitions}
+        pending = [p for p in partitions if start[p] < stop[p]]
         end = dict(start)
         chunks: list[pa.RecordBatch] = []
         size = 0
         if pending:
             self._position_at(consumer, topic, start, pending)
             try:
-                size = self._consume(consumer, topic, pending, end, high, chunks, max_records, max_bytes,
+                size = self._consume(consumer, topic, pending, end, stop, chunks, max_records, max_bytes,
                                      poll_timeout_s)
             except BaseException:
                 self._unassign_all(consumer)
@@ -285,67 +343,95 @@ class KafkaSource:
         self._assigned_at.clear()
 
     def _consume(self, consumer: Consumer, topic: str, pending: list[int], end: dict[int, int],
-                 high: Mapping[int, int], chunks: list[pa.RecordBatch], max_records: int, max_bytes: int,
+                 stop: Mapping[int, int], chunks: list[pa.RecordBatch], max_records: int, max_bytes: int,
                  poll_timeout_s: float) -> int:
-        """Read the ``pending`` partitions up to ``high`` until the bounds; the records as Arrow chunks
+        """Read the ``pending`` partitions up to ``stop`` until the bounds; the records as Arrow chunks
         of one consume call each. Returns the bytes read.
 
-        A partition's records come in offset order, so a batch stopped at a bound holds a contiguous
-        run of each partition from its start offset.
+        The bounds are shared out in rounds (``_Shares``): a partition that reached its share is paused
+        while the others take theirs, and what a partition could not use (it reached ``stop``) is shared
+        out again among those that can. A partition's records come in offset order, and records handed
+        out past what the batch takes of a partition are sought back to its end: a batch holds a
+        contiguous run of each partition from its start offset, and the consumer's positions are where
+        the next batch starts (its assignment kept, ``_position_at``).
         """
-        size = count = 0
-        below = list(pending)  # partitions not yet read up to their high watermarks
+        shares = _Shares(pending, max_records, max_bytes)
+        below = list(pending)  # partitions not yet read up to their stop offsets
+        paused: set[int] = set()
         last_progress = time.monotonic()
-        while below and count < max_records and size < max_bytes:
-            # Never ask for more than the partitions still hold up to their ends: consume returns
-            # once it has as many messages as asked, or waits out its whole timeout.
-            wanted = min(_CONSUME_CHUNK, max_records - count, sum(high[p] - end[p] for p in below))
-            partitions: list[int] = []
-            offsets: list[int] = []
-            keys: list[bytes | None] = []
-            values: list[bytes | None] = []
-            took_all = True
-            for message in consumer.consume(wanted, timeout=1.0):
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
+        try:
+            while below and not shares.full:
+                active = shares.active(below)
+                self._pause_all_but(consumer, topic, active, paused)
+                # Never ask for more than a partition taking records may take, nor than they hold up to
+                # their ends: consume returns once it has as many messages as asked, or waits out its timeout.
+                wanted = min(_CONSUME_CHUNK, shares.records_left, min(shares.records_allowed(p) for p in active),
+                             sum(stop[p] - end[p] for p in active))
+                partitions: list[int] = []
+                offsets: list[int] = []
+                keys: list[bytes | None] = []
+                values: list[bytes | None] = []
+                passed: set[int] = set()  # partitions with records handed out that the batch does not take
+                for message in consumer.consume(wanted, timeout=1.0):
+                    error = message.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
+                            continue
+                        raise SourceError(f"{topic}[{message.partition()}]: error while consuming from "
+                                          f"{self.bootstrap_servers}: {error}")
+                    read_from, offset = message.partition(), message.offset()
+                    if read_from is None or offset is None or read_from not in end or message.topic() != topic \
+                            or offset < end[read_from]:
                         continue
-                    raise SourceError(f"{topic}[{message.partition()}]: error while consuming from "
-                                      f"{self.bootstrap_servers}: {error}")
-                read_from, offset = message.partition(), message.offset()
-                if read_from is None or offset is None or read_from not in end or message.topic() != topic \
-                        or not end[read_from] <= offset < high[read_from]:
-                    continue  # past this batch's end: the next batch finds the position moved and seeks
-                key, value = message.key(), message.value()
-                partitions.append(read_from)
-                offsets.append(offset)
-                keys.append(key)
-                values.append(value)
-                end[read_from] = offset + 1
-                size += (len(key) if key else 0) + (len(value) if value else 0)
-                if count + len(offsets) >= max_records or size >= max_bytes:
-                    took_all = False  # the rest of these messages is dropped, the position past them
-                    break
-            if offsets:
-                last_progress = time.monotonic()
-                count += len(offsets)
-                chunks.append(pa.record_batch([pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64()),
-                                               pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
-                                              schema=RAW_SCHEMA))
-            # Transaction markers and compacted-away records occupy offsets no message shows: when
-            # every record handed out was taken, a position at the high watermark means none is left.
-            if took_all:
-                for position in consumer.position([TopicPartition(topic, p) for p in below]):
-                    if position.offset >= high[position.partition]:
-                        end[position.partition] = max(end[position.partition], high[position.partition])
-            below = [p for p in below if end[p] < high[p]]
-            if below and time.monotonic() - last_progress > poll_timeout_s:
-                partition = below[0]
-                raise SourceError(
-                    f"topic '{topic}' on {self.bootstrap_servers}: no records for {poll_timeout_s:.0f}s while "
-                    f"partition {partition} (next offset {end[partition]}) is below its high watermark "
-                    f"{high[partition]}")
-        return size
+                    if offset >= stop.get(read_from, end[read_from]) or read_from not in active \
+                            or not shares.takes(read_from):
+                        passed.add(read_from)  # past the partition's end or share: read again from its end
+                        continue
+                    key, value = message.key(), message.value()
+                    partitions.append(read_from)
+                    offsets.append(offset)
+                    keys.append(key)
+                    values.append(value)
+                    end[read_from] = offset + 1
+                    shares.took(read_from, (len(key) if key else 0) + (len(value) if value else 0))
+                if offsets:
+                    last_progress = time.monotonic()
+                    chunks.append(pa.record_batch([pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64()),
+                                                   pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
+                                                  schema=RAW_SCHEMA))
+                for partition in passed:
+                    consumer.seek(TopicPartition(topic, partition, end[partition]))
+                    self._assigned_at[partition] = end[partition]  # the position is unknown until it hands one out
+                # Transaction markers and compacted-away records occupy offsets no message shows: when
+                # every record handed out of a partition was taken, a position at its stop means none is left.
+                checked = [TopicPartition(topic, p) for p in below if p not in passed]
+                for position in consumer.position(checked) if checked else []:
+                    if position.offset >= stop[position.partition]:
+                        end[position.partition] = max(end[position.partition], stop[position.partition])
+                below = [p for p in below if end[p] < stop[p]]
+                if below and time.monotonic() - last_progress > poll_timeout_s:
+                    partition = below[0]
+                    raise SourceError(
+                        f"topic '{topic}' on {self.bootstrap_servers}: no records for {poll_timeout_s:.0f}s while "
+                        f"partition {partition} (next offset {end[partition]}) is below its high watermark "
+                        f"{stop[partition]}")
+        finally:
+            # Fetching again for the next batch (an assignment kept goes on where this batch ends).
+            if paused:
+                consumer.resume([TopicPartition(topic, p) for p in paused])
+        return shares.size
+
+    def _pause_all_but(self, consumer: Consumer, topic: str, active: list[int], paused: set[int]) -> None:
+        """Pause the assigned partitions not in ``active`` (what they fetched is dropped: their records
+        are handed out from their positions once resumed), resume the paused ones in it."""
+        pause = [p for p in self._assigned_at if p not in active and p not in paused]
+        resume = [p for p in active if p in paused]
+        if pause:
+            consumer.pause([TopicPartition(topic, p) for p in pause])
+            paused.update(pause)
+        if resume:
+            consumer.resume([TopicPartition(topic, p) for p in resume])
+            paused.difference_update(resume)
 
     def commit_group_offsets(self, topic: str, offsets: Mapping[int, int]) -> None:
         """Record applied offsets in the consumer group too, so Kafka tools show the lag.

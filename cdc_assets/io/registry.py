@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import pyarrow as pa
 from deltalake import write_deltalake
@@ -37,13 +38,18 @@ REGISTRY_SCHEMA = pa.schema([
 
 @dataclass(frozen=True)
 class RegistryEntry:
-    """The latest announced state of one table."""
+    """The latest announced state of one table, and the change that announced it."""
 
     connector: str
     table: str
     status: str  # "active" or "retired"
     primary_keys: tuple[str, ...]
     columns: T.StructType
+    change: str = "CREATE"
+    source_position: str = ""
+    topic: str = ""
+    partition: int = 0
+    offset: int = 0
 
     @property
     def column_types(self) -> dict[str, str]:
@@ -63,20 +69,32 @@ def record_change(path: str, storage_options: Mapping[str, str], *, connector: s
                     storage_options=dict(storage_options))
 
 
-def read_registry(path: str, storage_options: Mapping[str, str]) -> dict[tuple[str, str], RegistryEntry]:
-    """The latest entry per (connector, table); empty when nothing was registered yet."""
+def change_order(row: Mapping[str, Any]) -> tuple:
+    """The order of a table's changes: by source position, the schema-change topic's coordinates breaking
+    ties (a snapshot's DDL shares one position; a change replayed after a connector restart repeats its
+    position at a later offset). Never by when a run applied it: runs finish in any order."""
+    return row["source_position"] or "", row["topic"] or "", row["partition"], row["offset"]
+
+
+def read_history(path: str, storage_options: Mapping[str, str]) -> dict[tuple[str, str], list[RegistryEntry]]:
+    """Every registered change per (connector, table), in source order (``change_order``); a DROP carries
+    the columns and keys of the change before it. Empty when nothing was registered yet."""
     table = open_table(DeltaTarget(path, dict(storage_options)))
     if table is None:
         return {}
-    rows = table.to_pyarrow_table().to_pylist()
-    latest: dict[tuple[str, str], dict] = {}
-    for row in sorted(rows, key=lambda r: (r["applied_at"], r["offset"])):
-        previous = latest.get((row["connector"], row["table"]))
-        if row["change"] == "DROP" and previous is not None:
-            row = {**row, "columns": previous["columns"], "primary_keys": previous["primary_keys"]}
-        latest[(row["connector"], row["table"])] = row
-    return {
-        key: RegistryEntry(row["connector"], row["table"], row["status"], tuple(json.loads(row["primary_keys"])),
-                           T.StructType.fromJson(json.loads(row["columns"])))
-        for key, row in latest.items()
-    }
+    history: dict[tuple[str, str], list[RegistryEntry]] = {}
+    for row in sorted(table.to_pyarrow_table().to_pylist(), key=change_order):
+        changes = history.setdefault((row["connector"], row["table"]), [])
+        columns = T.StructType.fromJson(json.loads(row["columns"]))
+        keys = tuple(json.loads(row["primary_keys"]))
+        if row["change"] == "DROP" and changes:
+            columns, keys = changes[-1].columns, changes[-1].primary_keys
+        changes.append(RegistryEntry(row["connector"], row["table"], row["status"], keys, columns, row["change"],
+                                     row["source_position"] or "", row["topic"] or "", row["partition"],
+                                     row["offset"]))
+    return history
+
+
+def read_registry(path: str, storage_options: Mapping[str, str]) -> dict[tuple[str, str], RegistryEntry]:
+    """The latest entry per (connector, table) in source order; empty when nothing was registered yet."""
+    return {key: changes[-1] for key, changes in read_history(path, storage_options).items()}

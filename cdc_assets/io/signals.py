@@ -1,6 +1,6 @@
 """Debezium signals: ``execute-snapshot`` (incremental or blocking), ``stop-snapshot``,
 ``pause-snapshot`` and ``resume-snapshot``, sent through the connector's Kafka signal topic or its
-signal table in the source database, and audited.
+signal table in the source database (PostgreSQL, MySQL or MariaDB), and audited.
 
 Nothing is sent unless the signal validates for the connector's Debezium version: ``data-collections``
 non-empty for execute and each a valid regex, a snapshot type the signal takes, a signal the version
@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Literal, Protocol
+from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 from confluent_kafka import KafkaException, Producer
@@ -43,6 +44,9 @@ AUDIT_SCHEMA = pa.schema([
     ("payload", pa.string()),
     ("run_id", pa.string()),
 ])
+
+
+_PASSWORDS = re.compile(r"(password\s*=\s*|://[^:/@\s]*:)[^\s@]+", re.IGNORECASE)
 
 
 class SignalError(ValueError):
@@ -196,9 +200,45 @@ def signal_table_identifier(table: str) -> tuple[str, ...]:
     return parts
 
 
+# DSN schemes that name a MySQL-family server (MySQL, MariaDB); any other DSN is PostgreSQL's (libpq).
+MYSQL_SCHEMES = ("mysql", "mariadb")
+
+
+@dataclass(frozen=True)
+class MySQLAddress:
+    """Where a ``mysql://`` / ``mariadb://`` DSN points: ``<scheme>://user[:password]@host[:port][/database]``."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    database: str | None
+
+
+def mysql_address(dsn: str) -> MySQLAddress | None:
+    """The server a MySQL-family DSN names, or None for any other DSN; ``SignalError`` for a malformed one."""
+    parts = urlsplit(dsn)
+    if parts.scheme.lower() not in MYSQL_SCHEMES:
+        return None
+    # The password is left out of every message: DSNs come from secrets.
+    if parts.query or parts.fragment:
+        raise SignalError(f"the {parts.scheme} signal DSN takes no options (?... or #...): "
+                          "<scheme>://user:password@host:port/database")
+    try:
+        port = parts.port or 3306
+    except ValueError as exc:
+        raise SignalError(f"the {parts.scheme} signal DSN has an invalid port: {exc}") from None
+    if not parts.hostname or not parts.username:
+        raise SignalError(f"the {parts.scheme} signal DSN needs a user and a host: "
+                          "<scheme>://user:password@host:port/database")
+    database = unquote(parts.path.lstrip("/")) or None
+    return MySQLAddress(parts.hostname, port, unquote(parts.username), unquote(parts.password or ""), database)
+
+
 class SourceTableSignalChannel:
-    """The connector's signal table in the source database (PostgreSQL through psycopg):
-    ``INSERT INTO <table> (id, type, data)``, parameterised, with the table name quoted."""
+    """The connector's signal table in the source database: ``INSERT INTO <table> (id, type, data)``,
+    parameterised, with the table name quoted. The DSN's scheme decides the database: ``mysql://`` or
+    ``mariadb://`` (MySQL, MariaDB, through PyMySQL), otherwise PostgreSQL (libpq's DSN, through psycopg)."""
 
     name = "source"
 
@@ -206,20 +246,47 @@ class SourceTableSignalChannel:
         self._dsn = dsn
         self.table = table
         self._identifier = signal_table_identifier(table)
+        self._mysql = mysql_address(dsn)
 
     def send(self, signal: SnapshotSignal) -> None:
+        signal.validate()
+        row = (signal.id, signal.type, json.dumps(signal.data()))
+        if self._mysql is not None:
+            self._insert_mysql(self._mysql, signal.id, row)
+        else:
+            self._insert_postgresql(signal.id, row)
+
+    def _insert_postgresql(self, signal_id: str, row: tuple[str, str, str]) -> None:
         import psycopg
         from psycopg import sql
 
-        signal.validate()
         statement = sql.SQL("INSERT INTO {} (id, type, data) VALUES (%s, %s, %s)").format(
             sql.Identifier(*self._identifier))
         try:
             with psycopg.connect(self._dsn, connect_timeout=10) as connection:
-                connection.execute(statement, (signal.id, signal.type, json.dumps(signal.data())))
+                connection.execute(statement, row)
         except psycopg.Error as exc:
-            raise SignalError(f"signal {signal.id}: cannot insert into signal table '{self.table}': "
-                              f"{str(exc).strip()}") from exc
+            # A DSN libpq cannot parse comes back in its message, password and all.
+            reason = _PASSWORDS.sub(r"\1***", str(exc).replace(self._dsn, "<dsn_env>")).strip()
+            raise SignalError(f"signal {signal_id}: cannot insert into signal table '{self.table}': {reason}") from exc
+
+    def _insert_mysql(self, address: MySQLAddress, signal_id: str, row: tuple[str, str, str]) -> None:
+        import pymysql
+
+        # signal_table_identifier admits plain identifiers only, so backquoting needs no escaping.
+        table = ".".join(f"`{part}`" for part in self._identifier)
+        try:
+            connection = pymysql.connect(host=address.host, port=address.port, user=address.user,
+                                         password=address.password, database=address.database, charset="utf8mb4",
+                                         connect_timeout=10, autocommit=True)
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"INSERT INTO {table} (id, type, data) VALUES (%s, %s, %s)", row)
+            finally:
+                connection.close()
+        except pymysql.err.MySQLError as exc:
+            raise SignalError(f"signal {signal_id}: cannot insert into signal table '{self.table}': "
+                              f"{exc}") from exc
 
 
 def audit_signal(audit_path: str, storage_options: Mapping[str, str], signal: SnapshotSignal, channel: str,

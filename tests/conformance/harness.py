@@ -3,15 +3,17 @@ the comparison of each Delta table with its source table (the database is the or
 
 from __future__ import annotations
 
+import ast
 import base64
 import datetime as dt
 import json
 import os
-import signal
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -22,17 +24,16 @@ from deltalake import DeltaTable
 
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
+from tests.processes import terminate
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 DEBEZIUM_VERSION = "3.6.3.Final"
 
 
-def connector_properties(name: str, prefix: str, dsn: Mapping[str, str], tables: Iterable[str], work_dir: Path,
-                         **overrides: str) -> dict[str, str]:
-    """A Debezium PostgreSQL connector over ``tables`` (``public.x`` names), pgoutput, its own slot,
-    publication and offset file; ``overrides`` are further connector properties (dots as given)."""
+def postgres_source(prefix: str, dsn: Mapping[str, str], tables: Iterable[str]) -> dict[str, str]:
+    """The settings every Debezium PostgreSQL connector of the suite shares: the database, pgoutput, its own
+    slot and publication (named by ``prefix``), the tables captured (``public.x`` names)."""
     return {
-        "name": name,
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "database.hostname": dsn["host"],
         "database.port": dsn["port"],
@@ -45,8 +46,36 @@ def connector_properties(name: str, prefix: str, dsn: Mapping[str, str], tables:
         # connectors on the session's PostgreSQL have their own.
         "slot.name": f"slot_{prefix}",
         "publication.name": f"pub_{prefix}",
-        "publication.autocreate.mode": "filtered",
         "table.include.list": ",".join(tables),
+    }
+
+
+def connect_config(prefix: str, dsn: Mapping[str, str], tables: Iterable[str], **overrides: str) -> dict[str, str]:
+    """A Debezium PostgreSQL connector for a Kafka Connect worker's REST API, as production registers it: JSON
+    converter with schemas, 3 partitions per topic the worker creates, offsets in the worker's offset topic.
+    Its publication is ``FOR ALL TABLES``: ``filtered`` would leave out a table created after it."""
+    return {
+        **postgres_source(prefix, dsn, tables),
+        "tasks.max": "1",
+        "publication.autocreate.mode": "all_tables",
+        "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "key.converter.schemas.enable": "true",
+        "value.converter.schemas.enable": "true",
+        "topic.creation.default.partitions": "3",
+        "topic.creation.default.replication.factor": "1",
+        **overrides,
+    }
+
+
+def connector_properties(name: str, prefix: str, dsn: Mapping[str, str], tables: Iterable[str], work_dir: Path,
+                         **overrides: str) -> dict[str, str]:
+    """A Debezium PostgreSQL connector for the embedded engine over ``tables``, its own offset file;
+    ``overrides`` are further connector properties (dots as given)."""
+    return {
+        "name": name,
+        **postgres_source(prefix, dsn, tables),
+        "publication.autocreate.mode": "filtered",
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
         "offset.storage.file.filename": str(work_dir / f"offsets-{name}.dat"),
         "offset.flush.interval.ms": "0",
@@ -81,40 +110,10 @@ class DebeziumRunner:
                 cwd=self.work_dir, stdout=log, stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
 
-    def kill(self) -> None:
-        """Kill the engines abruptly (SIGKILL): offsets not yet stored are replayed after a restart.
-
-        Kafka's ``FileOffsetBackingStore`` rewrites its file in place (truncate, then write), so a kill
-        between the two leaves it empty: the engine then finds no offsets and takes a new snapshot, which
-        cannot carry the deletes it missed (CI saw rows deleted at the source stay). Kafka Connect's
-        production store, a compacted topic, keeps the last complete write instead; the copies read just
-        before the kill stand in for it, so a restart replays from there, as Connect would."""
-        if self.process is not None:
-            stored = {path: self._complete(path) for path in self.work_dir.glob("offsets-*.dat")}
-            self.process.kill()
-            self.process.wait(30)
-            self.process = None
-            for path, complete in stored.items():
-                if path.stat().st_size == 0 and complete:
-                    path.write_bytes(complete)
-
-    @staticmethod
-    def _complete(path: Path, timeout_s: float = 2.0) -> bytes:
-        """The offset file's content, read again while a write has it truncated (empty)."""
-        deadline = time.monotonic() + timeout_s
-        while not (content := path.read_bytes()) and time.monotonic() < deadline:
-            time.sleep(0.001)
-        return content
-
     def stop(self) -> None:
         """Stop the engines gracefully."""
         if self.process is not None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(30)
+            terminate(self.process)
             self.process = None
 
     def status(self) -> dict[str, Any]:
@@ -254,15 +253,27 @@ def _equal(want: Any, got: Any) -> bool:
     return type(want) is type(got) and want == got
 
 
-def topic_events(bootstrap_servers: str, topic: str, keys: Iterable[tuple[Any, ...]], key_names: tuple[str, ...]
-                 ) -> dict[tuple[Any, ...], list[str]]:
-    """Every record of ``topic`` whose key is one of ``keys``, as ``partition:offset op lsn sequence snapshot``
-    lines per key, in (partition, offset) order: says whether a difference came with Debezium's events or
-    from the pipeline."""
+@dataclass(frozen=True)
+class TopicRecord:
+    """A record of a change-event topic: key and value as the JSON converter's payload (``value`` None for a
+    tombstone), and its headers."""
+
+    partition: int
+    offset: int
+    key: dict[str, Any]
+    value: dict[str, Any] | None
+    headers: dict[str, bytes | None]
+
+
+def read_topic(bootstrap_servers: str, topic: str) -> list[TopicRecord]:
+    """Every record of ``topic`` up to its current end, in (partition, offset) order."""
     from confluent_kafka import Consumer, TopicPartition
 
-    wanted = set(keys)
-    found: dict[tuple[Any, ...], list[str]] = {k: [] for k in wanted}
+    def payload(raw: bytes | None) -> Any:
+        parsed = json.loads(raw) if raw else None
+        return parsed.get("payload", parsed) if isinstance(parsed, dict) and "schema" in parsed else parsed
+
+    records: list[TopicRecord] = []
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"diagnose-{time.time_ns()}",
                          "enable.auto.commit": False})
     try:
@@ -274,27 +285,70 @@ def topic_events(bootstrap_servers: str, topic: str, keys: Iterable[tuple[Any, .
             message = consumer.poll(10)
             if message is None:
                 break
-            if message.error() is not None:
+            if message.error() is not None or message.offset() >= ends[message.partition()]:
                 continue
-            if message.offset() >= ends[message.partition()] - 1:
+            if message.offset() == ends[message.partition()] - 1:
                 remaining.discard(message.partition())
-            parsed_key = json.loads(message.key()) if message.key() else {}
-            parsed_key = parsed_key.get("payload", parsed_key)
-            record_key = tuple(parsed_key.get(k) for k in key_names)
-            if record_key not in wanted:
-                continue
-            value = json.loads(message.value()) if message.value() else None
-            if value is None:
-                found[record_key].append(f"{message.partition()}:{message.offset()} tombstone")
-                continue
-            value = value.get("payload", value)
-            source = value.get("source", {})
-            found[record_key].append(f"{message.partition()}:{message.offset()} {value.get('op')} "
-                                     f"lsn={source.get('lsn')} seq={source.get('sequence')} "
-                                     f"snapshot={source.get('snapshot')} after={value.get('after')}")
+            records.append(TopicRecord(message.partition(), message.offset(), payload(message.key()) or {},
+                                       payload(message.value()), dict(message.headers() or [])))
     finally:
         consumer.close()
+    return sorted(records, key=lambda r: (r.partition, r.offset))
+
+
+def header_key(record: TopicRecord, name: str) -> Any:
+    """A key Debezium put in header ``name`` (``__debezium.oldkey`` / ``__debezium.newkey``), parsed; None: absent."""
+    raw = record.headers.get(name)
+    if raw is None:
+        return None
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace")
+    return parsed.get("payload", parsed) if isinstance(parsed, dict) else parsed
+
+
+def topic_events(bootstrap_servers: str, topic: str, keys: Iterable[tuple[Any, ...]], key_names: tuple[str, ...]
+                 ) -> dict[tuple[Any, ...], list[str]]:
+    """Every record of ``topic`` whose key is one of ``keys``, as ``partition:offset op lsn sequence snapshot``
+    lines per key, in (partition, offset) order: says whether a difference came with Debezium's events or
+    from the pipeline."""
+    found: dict[tuple[Any, ...], list[str]] = {k: [] for k in keys}
+    for record in read_topic(bootstrap_servers, topic):
+        record_key = tuple(record.key.get(k) for k in key_names)
+        if record_key not in found:
+            continue
+        if record.value is None:
+            found[record_key].append(f"{record.partition}:{record.offset} tombstone")
+            continue
+        source = record.value.get("source", {})
+        found[record_key].append(f"{record.partition}:{record.offset} {record.value.get('op')} "
+                                 f"lsn={source.get('lsn')} seq={source.get('sequence')} "
+                                 f"snapshot={source.get('snapshot')} after={record.value.get('after')}")
     return found
+
+
+def assert_same_rows(dsn: str, bootstrap_servers: str, topic: str, path: str | Path, query: str,
+                     expected: Mapping[str, Normaliser], actual: Mapping[str, Normaliser],
+                     key: tuple[str, ...] = ("id",), apply_mode: str = "scd1", label: str = "") -> None:
+    """The Delta table at ``path`` holds the source's rows (``query``) in its apply mode; otherwise fail with the
+    differences and the topic's events of the first differing keys."""
+    problems = compare(source_rows(dsn, query), current_rows(path, apply_mode), key, expected, actual)
+    if problems:
+        differing = [ast.literal_eval(m.group(1)) for m in map(re.compile(r"key (\(.*?,\)):").match, problems)
+                     if m][:10]
+        events = topic_events(bootstrap_servers, topic, differing, key)
+        history = "\n".join(f"  {k}:\n    " + "\n    ".join(lines) for k, lines in events.items())
+        raise AssertionError(f"{label or topic} ({apply_mode}): {summarise(problems)}\n"
+                             f"the topic's events of the first differing keys:\n{history}")
+
+
+def one_current_version_per_key(path: str | Path) -> dict[Any, int]:
+    """The keys (``id``) of an scd2 table with more than one current version, and how many they have."""
+    current: dict[Any, int] = {}
+    for row in delta_rows(path):
+        current[row["id"]] = current.get(row["id"], 0) + bool(row["_cdc_current"])
+    return {k: n for k, n in current.items() if n > 1}
 
 
 def summarise(problems: list[str], limit: int = 25) -> str:
@@ -399,6 +453,21 @@ def interval_micros(parts: list[Decimal]) -> int:
     days_total = (int(years) * 12 + int(months)) * (365.25 / 12.0) + int(days)
     seconds_total = (((days_total * 24 + int(hours)) * 60) + int(minutes)) * 60 + float(seconds)
     return int(seconds_total * 1e6)
+
+
+# How the random workloads' table (``workloads.rnd_changes``) reads back from Delta.
+RND_ACTUAL: dict[str, Normaliser] = {"id": typed(int), "grp": typed(int), "name": typed(str),
+                                     "amount": decimal_value, "score": as_float, "at": instant}
+RND_EXPECTED: dict[str, Normaliser] = {"at": instant}
+
+
+def wal_position(dsn: str) -> int:
+    """The server's current WAL position as a number, as Debezium's offsets hold an LSN: every change made
+    after this call has a greater LSN."""
+    with psycopg.connect(dsn) as connection:
+        row = connection.execute("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint").fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def drop_replication_slots(dsn: str) -> None:

@@ -12,6 +12,9 @@ from typing import Any
 
 import psycopg
 
+# The random workloads' tables (``rnd_changes``).
+RND_COLUMNS = "(id int PRIMARY KEY, grp int, name text, amount numeric(12,4), score double precision, at timestamptz)"
+
 SCHEMA = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
 CREATE TABLE cdc_marker (id int PRIMARY KEY);
@@ -32,14 +35,13 @@ ALTER TABLE full_ident REPLICA IDENTITY FULL;
 CREATE TABLE nokey (code text NOT NULL, v int, note text);
 ALTER TABLE nokey REPLICA IDENTITY FULL;
 CREATE TABLE trunc (id int PRIMARY KEY, v text);
-CREATE TABLE rnd (id int PRIMARY KEY, grp int, name text, amount numeric(12,4), score double precision,
-  at timestamptz);
+CREATE TABLE rnd RND_COLUMNS;
 CREATE TABLE tx_a (id int PRIMARY KEY, v int, note text);
 CREATE TABLE tx_b (id int PRIMARY KEY, v int, note text);
 CREATE TABLE snap_k (id int PRIMARY KEY, v text, n int);
 CREATE TABLE snap_s (id int PRIMARY KEY, v text, n int);
 CREATE TABLE snap_big (id int PRIMARY KEY, v text, n int);
-"""
+""".replace("RND_COLUMNS", RND_COLUMNS)
 
 # Column -> SQL type for the casts of inserted values (alltypes).
 ALLTYPES = {
@@ -201,8 +203,9 @@ def toast_changes(connection: psycopg.Connection, rng: random.Random, ids: list[
 
 
 def rnd_changes(connection: psycopg.Connection, rng: random.Random, ids: list[int], next_id: int,
-                steps: int) -> int:
-    """Random inserts, updates, deletes and primary-key changes of ``rnd``, some grouped in transactions."""
+                steps: int, table: str = "rnd", key_changes: list[tuple[int, int]] | None = None) -> int:
+    """Random inserts, updates, deletes and primary-key changes of ``table`` (``rnd`` by default), some grouped
+    in transactions; each key change's (old id, new id) is appended to ``key_changes`` when given."""
     def row_values() -> list[Any]:
         return [rng.randint(0, 9), None if rng.random() < 0.1 else _random_text(rng, rng.randint(0, 30)),
                 Decimal(rng.randint(-10**12, 10**12)).scaleb(-4), rng.uniform(-1e9, 1e9),
@@ -215,25 +218,28 @@ def rnd_changes(connection: psycopg.Connection, rng: random.Random, ids: list[in
                 step += 1
                 choice = rng.random()
                 if choice < 0.35 or not ids:
-                    connection.execute("INSERT INTO rnd VALUES (%s, %s, %s, %s, %s, %s)", [next_id, *row_values()])
+                    connection.execute(f"INSERT INTO {table} VALUES (%s, %s, %s, %s, %s, %s)",
+                                       [next_id, *row_values()])
                     ids.append(next_id)
                     next_id += 1
                 elif choice < 0.75:
                     values = row_values()
-                    connection.execute("UPDATE rnd SET grp = %s, name = %s, amount = %s, score = %s, at = %s "
+                    connection.execute(f"UPDATE {table} SET grp = %s, name = %s, amount = %s, score = %s, at = %s "
                                        "WHERE id = %s", [*values, rng.choice(ids)])
                 elif choice < 0.85:
                     old = rng.choice(ids)
                     ids.remove(old)
                     ids.append(next_id)
-                    connection.execute("UPDATE rnd SET id = %s, grp = grp + 1 WHERE id = %s", [next_id, old])
+                    connection.execute(f"UPDATE {table} SET id = %s, grp = grp + 1 WHERE id = %s", [next_id, old])
+                    if key_changes is not None:
+                        key_changes.append((old, next_id))
                     next_id += 1
                 elif choice < 0.9:
-                    connection.execute("UPDATE rnd SET score = score * 2 WHERE grp = %s", [rng.randint(0, 9)])
+                    connection.execute(f"UPDATE {table} SET score = score * 2 WHERE grp = %s", [rng.randint(0, 9)])
                 else:
                     old = rng.choice(ids)
                     ids.remove(old)
-                    connection.execute("DELETE FROM rnd WHERE id = %s", [old])
+                    connection.execute(f"DELETE FROM {table} WHERE id = %s", [old])
     return next_id
 
 

@@ -1,11 +1,14 @@
 """Ordering positions compare the way each connector's source committed."""
 
+from typing import get_args
+
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from cdc_assets.config import ConnectorKind
 from cdc_assets.core.envelope import source_type
-from cdc_assets.core.position import event_position
+from cdc_assets.core.position import POSITION_RULES, event_position
 
 
 def positions(spark, kind, sources, partition=0):
@@ -75,3 +78,20 @@ def test_kafka_offset_breaks_ties(spark):
 def test_unknown_kind_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown connector kind 'cassandra'"):
         event_position(F.col("s"), "cassandra", F.lit(0), F.lit(0))
+
+
+def test_mariadb_orders_as_the_mysql_family_by_binlog_file_pos_and_row(spark):
+    # Positions as MariaDB's connector sends them (source.connector "mariadb"); offsets reversed on purpose.
+    later_file, later_row, first, later_pos = positions(spark, "mariadb", [
+        {"file": "mariadb-bin.000010", "pos": "4", "row": "0"},
+        {"file": "mariadb-bin.000009", "pos": "2642", "row": "1"},
+        {"file": "mariadb-bin.000009", "pos": "2642", "row": "0"},
+        {"file": "mariadb-bin.000009", "pos": "100000", "row": "0"},
+    ])
+    assert first < later_row < later_pos < later_file
+    assert source_type("mariadb") == source_type("mysql")
+
+
+def test_every_configurable_connector_kind_has_a_position_rule():
+    assert set(get_args(ConnectorKind)) == set(POSITION_RULES)
+    assert POSITION_RULES["mariadb"] is POSITION_RULES["mysql"]

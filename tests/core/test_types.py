@@ -244,3 +244,25 @@ def test_the_decode_spells_out_the_row_image_and_each_conversion_once(hand_over,
     # tested the digits, and named the digits thrice where the scale needs no test).
     assert alone.count("unbase64(") <= 7, alone
     assert plan.count("THEN _env_before") == 1, plan
+
+
+def test_times_beyond_a_day_or_negative_keep_their_hours(hand_over):
+    # MariaDB's TIME is a duration: Debezium 3.5 sent '-838:59:59' and '25:00:00.000001' as these MicroTimes;
+    # PostgreSQL's time '24:00:00' is a whole day. A timestamp format wrapped them to a time of day.
+    fields = [{"type": "int64", "name": "io.debezium.time.MicroTime", "field": name} for name in ("neg", "over", "day")]
+    fields.append({"type": "int32", "name": "io.debezium.time.Time", "field": "millis"})
+    _, row = decode_one(hand_over, fields, {"neg": -3020399000000, "over": 90000000001, "day": 86400000000,
+                                            "millis": -1500})
+    assert row["_cdc_error"] is None
+    assert (row["neg"], row["over"], row["day"], row["millis"]) == (
+        "-838:59:59.000000", "25:00:00.000001", "24:00:00.000000", "-00:00:01.500000")
+
+
+def test_bits_are_stored_big_endian_as_the_database_returns_them(hand_over):
+    # Debezium 3.5's MariaDB connector, BIT(12) b'000000000101' and BIT(64) 0x8000000000000001: little-endian bytes.
+    fields = [{"type": "bytes", "name": "io.debezium.data.Bits", "field": name, "parameters": {"length": length}}
+              for name, length in (("b12", "12"), ("b64", "64"), ("empty", "0"))]
+    _, row = decode_one(hand_over, fields, {"b12": "BQA=", "b64": "AQAAAAAAAIA=", "empty": ""})
+    assert row["_cdc_error"] is None
+    assert (bytes(row["b12"]), bytes(row["b64"]), bytes(row["empty"])) == (
+        b"\x00\x05", b"\x80\x00\x00\x00\x00\x00\x00\x01", b"")

@@ -65,7 +65,7 @@ def test_a_connector_expected_to_send_heartbeats_that_sent_none_is_not_fresh():
 
 
 def test_schema_change_events_parse_into_table_changes_and_diffs():
-    event = parse_schema_change(schema_change("CREATE", COLUMNS))
+    event = parse_schema_change(schema_change("CREATE", COLUMNS), "db2")
     [change] = event.changes
     assert (change.type, change.name, change.primary_keys) == ("CREATE", "DB2INST1.CUSTOMERS", ("ID",))
     assert change.columns["ID"].dataType == T.LongType()  # the wide-type policy: every integer is bigint
@@ -77,7 +77,28 @@ def test_schema_change_events_parse_into_table_changes_and_diffs():
     refused = diff_schema(T.StructType([T.StructField("ID", T.DecimalType(38, 2))]), change.columns).refused
     assert refused == ("ID: decimal(38,2) -> bigint",)
     with pytest.raises(SchemaChangeError):
-        parse_schema_change(json.dumps({"payload": {"tableChanges": "x"}}).encode())
+        parse_schema_change(json.dumps({"payload": {"tableChanges": "x"}}).encode(), "db2")
+
+
+def test_a_snapshot_drop_is_not_acted_on_and_unsigned_bigints_are_decimals():
+    """MariaDB's snapshot emits DROP TABLE IF EXISTS before each CREATE TABLE: no table was dropped."""
+    def event(change_type, snapshot):
+        return json.dumps({"schema": {}, "payload": {
+            "source": {"connector": "mariadb", "file": "mariadb-bin.000002", "pos": 4567, "snapshot": snapshot},
+            "databaseName": "shop", "ddl": "DROP TABLE IF EXISTS `shop`.`orders`",
+            "tableChanges": [{"type": change_type, "id": '"shop"."orders"', "table": {"columns": [
+                {"name": "id", "jdbcType": -5, "typeName": "BIGINT UNSIGNED", "position": 1},
+                {"name": "flags", "jdbcType": -7, "typeName": "BIT", "length": 8, "position": 2},
+                {"name": "on", "jdbcType": -7, "typeName": "BIT", "length": 1, "position": 3}]}}]}}).encode()
+
+    snapshot_drop = parse_schema_change(event("DROP", "true"), "mariadb")
+    assert snapshot_drop.snapshot and snapshot_drop.acted_on == ()
+    assert parse_schema_change(event("DROP", "false"), "mariadb").acted_on[0].type == "DROP"
+    create = parse_schema_change(event("CREATE", "last"), "mariadb")
+    assert [c.type for c in create.acted_on] == ["CREATE"]
+    assert create.source_position == " " * 46 + "mariadb-bin.000002" + "4567".rjust(20, "0") + "0" * 20
+    types = {f.name: f.dataType for f in create.changes[0].columns.fields}
+    assert types == {"id": T.DecimalType(38, 0), "flags": T.BinaryType(), "on": T.BooleanType()}
 
 
 def test_the_translator_names_every_table_the_same_way():

@@ -229,3 +229,99 @@ def test_a_byte_bound_reached_mid_fetch_loses_nothing(broker, source):
         if batch.caught_up:
             break
     assert seen == list(range(10))
+
+
+def _counts(batch):
+    return {p: len(run) for p, run in _by_partition(batch).items()}
+
+
+def test_a_bounded_batch_takes_from_every_partition_with_pending_records(broker, source):
+    """librdkafka hands out what it fetched partition by partition: a batch bounded by records shares
+    its bound out evenly, so every partition with pending records is in it, and one partition's fewer
+    records leave their part to the others. The batches read every record once, in each partition's order."""
+    topic = new_topic(broker, "src.share", partitions=3)
+    sizes = {0: 900, 1: 600, 2: 40}
+    for partition, size in sizes.items():
+        produce(broker, topic, records(size, f"p{partition}-"), partition=partition)
+    first = source.read_batch(topic, {0: 0, 1: 0, 2: 0}, max_records=500, max_bytes=10**9, poll_timeout_s=10)
+    assert _counts(first) == {0: 230, 1: 230, 2: 40}  # 500 shared out: partition 2's 40, then 230 each
+    even = source.read_batch(topic, {0: 0, 1: 0, 2: 40}, max_records=301, max_bytes=10**9, poll_timeout_s=10)
+    assert _counts(even) == {0: 151, 1: 150}
+    seen, offsets = {0: [], 1: [], 2: []}, None
+    for _ in range(20):
+        batch = source.read_batch(topic, offsets, max_records=150, max_bytes=10**9, poll_timeout_s=10,
+                                  read_ahead=True)
+        counts = _counts(batch)
+        pending = {p: high - batch.start_offsets[p] for p, high in batch.high_watermarks.items()
+                   if batch.start_offsets[p] < high}
+        assert sorted(counts) == sorted(pending) and sum(counts.values()) == min(150, sum(pending.values()))
+        assert all(counts[p] >= min(left, 150 // len(pending)) for p, left in pending.items())  # a fair share
+        for partition, run in _by_partition(batch).items():
+            seen[partition] += run
+        offsets = batch.end_offsets
+        if batch.caught_up:
+            break
+    assert seen == {p: list(range(size)) for p, size in sizes.items()}
+
+
+def test_a_byte_bound_is_shared_out_among_the_partitions(broker, source):
+    """A batch bounded by bytes takes about as many bytes from each partition (the record that crosses
+    a partition's share included), and the batches read every record once."""
+    topic = new_topic(broker, "src.sharebytes", partitions=3)
+    for partition, width in enumerate((99, 49, 9)):  # records of 100, 50 and 10 bytes
+        produce(broker, topic, [(b"k", b"x" * width) for _ in range(100)], partition=partition)
+    batch = source.read_batch(topic, {0: 0, 1: 0, 2: 0}, max_records=10**6, max_bytes=3000, poll_timeout_s=10)
+    assert _counts(batch) == {0: 10, 1: 20, 2: 100}  # 1000 bytes each; partition 2's whole 1000
+    seen, offsets = [], None
+    for _ in range(30):
+        batch = source.read_batch(topic, offsets, max_records=10**6, max_bytes=3000, poll_timeout_s=10)
+        assert batch.bytes_read <= 3000 + 100 * 3
+        seen += [(p, o) for p, run in _by_partition(batch).items() for o in run]
+        offsets = batch.end_offsets
+        if batch.caught_up:
+            break
+    assert sorted(seen) == [(p, o) for p in range(3) for o in range(100)]
+
+
+def test_a_busy_partition_does_not_starve_the_others(broker, source):
+    topic = new_topic(broker, "src.busy", partitions=3)
+    produce(broker, topic, records(5000, "busy"), partition=0)
+    produce(broker, topic, records(3, "b"), partition=1)
+    produce(broker, topic, records(2, "c"), partition=2)
+    batch = source.read_batch(topic, None, max_records=100, max_bytes=10**9, poll_timeout_s=10)
+    assert _counts(batch) == {0: 95, 1: 3, 2: 2}
+
+
+def test_the_assignment_is_kept_where_a_shared_out_batch_ends(broker, source):
+    """Records handed out past a partition's share are sought back: the consumer is where the batch
+    ends in every partition, so the next batch keeps the assignment (and what it fetched ahead)."""
+    topic = new_topic(broker, "src.sharekeep", partitions=3)
+    for partition in range(3):
+        produce(broker, topic, records(400, f"p{partition}-"), partition=partition)
+    batch = source.read_batch(topic, None, max_records=90, max_bytes=10**9, poll_timeout_s=10)
+    consumer = source._consumer
+    assert sorted(tp.partition for tp in consumer.assignment()) == [0, 1, 2]
+    positions = {tp.partition: tp.offset if tp.offset >= 0 else source._assigned_at[tp.partition]
+                 for tp in consumer.position(consumer.assignment())}
+    assert positions == batch.end_offsets == {0: 30, 1: 30, 2: 30}
+    unassigned = []
+    unassign_all = source._unassign_all
+    source._unassign_all = lambda consumer: (unassigned.append(consumer), unassign_all(consumer))
+    following = source.read_batch(topic, batch.end_offsets, max_records=90, max_bytes=10**9, poll_timeout_s=10)
+    assert unassigned == []  # the assignment went on where the batch before ended
+    assert _by_partition(following) == {p: list(range(30, 60)) for p in range(3)}
+
+
+def test_a_batch_stops_before_until(broker, source):
+    """``until`` leaves a partition's later records out (a partition bounded at its start is not read),
+    and what it leaves to the others goes to them."""
+    topic = new_topic(broker, "src.until", partitions=3)
+    for partition in range(3):
+        produce(broker, topic, records(50, f"p{partition}-"), partition=partition)
+    batch = source.read_batch(topic, None, max_records=60, max_bytes=10**9, poll_timeout_s=10, until={0: 5, 1: 0})
+    assert _counts(batch) == {0: 5, 2: 50}
+    assert batch.end_offsets == {0: 5, 1: 0, 2: 50} and not batch.caught_up
+    rest = source.read_batch(topic, batch.end_offsets, max_records=1000, max_bytes=10**9, poll_timeout_s=10)
+    assert _counts(rest) == {0: 45, 1: 50} and rest.caught_up
+    assert [o for p, o in zip(rest.records["partition"].to_pylist(), rest.records["offset"].to_pylist(),
+                              strict=True) if p == 0] == list(range(5, 50))

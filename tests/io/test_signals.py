@@ -1,4 +1,4 @@
-"""Signal channels for real: the local broker's signal topic and a PostgreSQL signal table."""
+"""Signal channels for real: the local broker's signal topic and a PostgreSQL or MariaDB signal table."""
 
 import json
 import uuid
@@ -130,3 +130,70 @@ def test_a_condition_with_quotes_is_sent_as_data_not_sql(signal_table, dsn):
     (data,) = connection.execute(f"SELECT data FROM {table}").fetchone()
     assert json.loads(data)["additional-conditions"] == [{"data-collection": "inventory.products",
                                                           "filter": condition}]
+
+
+@pytest.fixture
+def maria_signal_table(mariadb):
+    """A MariaDB database with a signal table as Debezium's MySQL-family connectors document it."""
+    database = f"signals_{uuid.uuid4().hex[:8]}"
+    mariadb.execute(f"CREATE DATABASE {database}")
+    mariadb.execute("CREATE TABLE debezium_signal (id VARCHAR(64) PRIMARY KEY, type VARCHAR(32) NOT NULL, "
+                    "data VARCHAR(2048))", database)
+    yield database
+    mariadb.execute(f"DROP DATABASE {database}")
+
+
+def maria_dsn(mariadb, scheme, database=""):
+    return f"{scheme}://{mariadb.admin_user}:{mariadb.admin_password}@{mariadb.host}:{mariadb.port}/{database}"
+
+
+@pytest.mark.parametrize("scheme", ["mariadb", "mysql"])
+def test_source_table_channel_inserts_a_row_into_a_mariadb_signal_table(mariadb, maria_signal_table, scheme):
+    # The table named database.table, and the table alone in the DSN's database.
+    condition = "color = 'blue'); DROP TABLE x; --"
+    SourceTableSignalChannel(maria_dsn(mariadb, scheme), f"{maria_signal_table}.debezium_signal").send(
+        SnapshotSignal("run-3-0", "execute-snapshot", (f"{maria_signal_table}.orders",),
+                       additional_conditions=((f"{maria_signal_table}.orders", condition),)))
+    SourceTableSignalChannel(maria_dsn(mariadb, scheme, maria_signal_table), "debezium_signal").send(
+        SnapshotSignal("run-3-1", "pause-snapshot"))
+    rows = mariadb.query("SELECT id, type, data FROM debezium_signal ORDER BY id", maria_signal_table)
+    assert [(r["id"], r["type"], json.loads(r["data"])) for r in rows] == [
+        ("run-3-0", "execute-snapshot", {
+            "data-collections": [f"{maria_signal_table}.orders"], "type": "incremental",
+            "additional-conditions": [{"data-collection": f"{maria_signal_table}.orders", "filter": condition}]}),
+        ("run-3-1", "pause-snapshot", {"type": "incremental"})]
+
+
+def test_a_mariadb_signal_that_cannot_be_inserted_is_an_error_naming_the_table(mariadb, maria_signal_table):
+    for table, message in [(f"{maria_signal_table}.no_such_table", "doesn't exist"),
+                           ("debezium_signal", "No database selected")]:
+        with pytest.raises(SignalError, match=rf"signal run-4-0: cannot insert into signal table '{table}': .*"
+                                              rf"{message}"):
+            SourceTableSignalChannel(maria_dsn(mariadb, "mariadb"), table).send(
+                SnapshotSignal("run-4-0", "execute-snapshot", ("a.b",)))
+    with pytest.raises(SignalError, match="Access denied"):
+        SourceTableSignalChannel(maria_dsn(mariadb, "mariadb").replace(mariadb.admin_password, "wrong"),
+                                 f"{maria_signal_table}.debezium_signal").send(
+            SnapshotSignal("run-4-1", "execute-snapshot", ("a.b",)))
+    with pytest.raises(SignalError, match="is not a plain"):
+        SourceTableSignalChannel(maria_dsn(mariadb, "mariadb"), f"{maria_signal_table}.`x`; DROP TABLE y")
+    assert mariadb.query("SELECT count(*) AS n FROM debezium_signal", maria_signal_table) == [{"n": 0}]
+
+
+@pytest.mark.parametrize(("dsn", "message"), [
+    ("mysql://host-only:3306/db", "needs a user and a host"),
+    ("mariadb://u:p@h:port/db", "invalid port"),
+    ("mariadb://u:p@h:3306/db?ssl=true", "takes no options"),
+])
+def test_a_malformed_mysql_dsn_is_refused_without_its_password(dsn, message):
+    with pytest.raises(SignalError, match=message) as raised:
+        SourceTableSignalChannel(dsn, "db.debezium_signal")
+    assert ":p@" not in str(raised.value)
+
+
+@pytest.mark.parametrize("dsn", ["pgsql://dbz:s3cret-pw@127.0.0.1:5432/db", "mysqlx://dbz:s3cret-pw@127.0.0.1/db"])
+def test_a_signal_dsn_error_never_shows_the_password(dsn):
+    """libpq puts a DSN it cannot parse in its message: the error names the setting, not the secret."""
+    with pytest.raises(SignalError, match="cannot insert into signal table") as raised:
+        SourceTableSignalChannel(dsn, "debezium_signal").send(SnapshotSignal("run-4-0", "pause-snapshot"))
+    assert "s3cret-pw" not in str(raised.value)

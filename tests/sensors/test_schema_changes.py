@@ -8,6 +8,7 @@ from dagster import DagsterInstance, build_sensor_context
 from deltalake import DeltaTable
 
 from cdc_assets.config import parse_config
+from cdc_assets.core.position import source_position_of
 from cdc_assets.core.schema_change import SchemaChangeError
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.events import db2_source, encode_key, envelope
@@ -26,10 +27,11 @@ COLUMNS = [
 ]
 
 
-def schema_change(change_type, columns, commit_lsn="00000025:00000d98:00a2", ddl=None, table="CUSTOMERS"):
-    """Seed 004's schema-change value (Db2: ddl null), for a CREATE, ALTER or DROP."""
+def schema_change(change_type, columns, commit_lsn="00000025:00000d98:00a2", ddl=None, table="CUSTOMERS",
+                  snapshot="true"):
+    """Seed 004's schema-change value (Db2: ddl null; made by its snapshot), for a CREATE, ALTER or DROP."""
     return json.dumps({"schema": {}, "payload": {
-        "source": {"version": "2.3.4.Final", "connector": "db2", "name": "db2", "ts_ms": 0, "snapshot": "true",
+        "source": {"version": "2.3.4.Final", "connector": "db2", "name": "db2", "ts_ms": 0, "snapshot": snapshot,
                    "db": "testdb", "schema": "DB2INST1", "table": table, "change_lsn": None,
                    "commit_lsn": commit_lsn, "event_serial_no": None},
         "ts_ms": 1588252618953, "databaseName": "TESTDB", "schemaName": "DB2INST1", "ddl": ddl,
@@ -90,7 +92,8 @@ def test_create_alter_drop_reach_delta_and_the_asset_graph(spark, broker, tmp_pa
         assert str(schema["ID"]) == "PrimitiveType(\"long\")"
         materialization = result.asset_materializations_for_node("apply_schema_change")[0]
         assert materialization.metadata["change"].value == "CREATE"
-        assert materialization.metadata["source_position"].value.startswith("00000025:00000d98:00a2")
+        assert materialization.metadata["source_position"].value == source_position_of(
+            {"commit_lsn": "00000025:00000d98:00a2"}, "db2")
 
         # Reload: the new table is an asset; the backfill sensor asks for a snapshot and a merge.
         defs = load(broker, tmp_path, prefix)
@@ -115,7 +118,8 @@ def test_create_alter_drop_reach_delta_and_the_asset_graph(spark, broker, tmp_pa
         altered = [{**COLUMNS[0], "jdbcType": -5, "typeName": "bigint"}, *COLUMNS[1:],
                    {"name": "PHONE", "jdbcType": 12, "typeName": "varchar", "length": 20, "position": 5,
                     "optional": True}]
-        produce(broker, prefix, [(key, schema_change("ALTER", altered, commit_lsn="00000027:00000001:0001"))])
+        produce(broker, prefix, [(key, schema_change("ALTER", altered, commit_lsn="00000027:00000001:0001",
+                                                     snapshot="false"))])
         second = tick(defs, instance, "schema_change_sensor", first.cursor)
         [alter_request] = [r for r in second.run_requests if "ALTER" in r.tags["cdc_assets/schema_change"]]
         result = run_requested(defs, alter_request, instance)
@@ -130,11 +134,19 @@ def test_create_alter_drop_reach_delta_and_the_asset_graph(spark, broker, tmp_pa
         rows = sorted(DeltaTable(path).to_pyarrow_table(columns=["ID", "PHONE"]).to_pylist(), key=lambda r: r["ID"])
         assert rows == [{"ID": 1, "PHONE": None}, {"ID": 2, "PHONE": "555"}]
 
-        # DROP retires the asset: kept, marked, no longer in cdc_merge_job; data kept.
-        produce(broker, prefix, [(key, schema_change("DROP", [], commit_lsn="00000028:00000001:0001"))])
+        # A row inserted just before the DROP, not merged yet: the DROP's run merges it first.
+        last_row = {**row, "ID": 3, "PHONE": "556"}
+        produce(broker, data_topic, [(encode_key({"ID": 3}), envelope(
+            "c", None, last_row, db2_source("00000027:00000003:0001", "00000027:00000003:0001", 3, "DB2INST1",
+                                            "CUSTOMERS"), 3))])
+        # DROP retires the asset: kept, marked, no longer in cdc_merge_job; data kept as of the DROP.
+        produce(broker, prefix, [(key, schema_change("DROP", [], commit_lsn="00000028:00000001:0001",
+                                                     snapshot="false"))])
         third = tick(defs, instance, "schema_change_sensor", second.cursor)
         [drop_request] = [r for r in third.run_requests if "DROP" in r.tags["cdc_assets/schema_change"]]
-        run_requested(defs, drop_request, instance)
+        dropped = run_requested(defs, drop_request, instance)
+        drop_metadata = dropped.asset_materializations_for_node("apply_schema_change")[0].metadata
+        assert drop_metadata["events_merged_before_drop"].value == 1
         defs = load(broker, tmp_path, prefix)
         spec = next(s for s in defs.resolve_all_asset_specs() if s.key.path == asset_key)
         assert spec.tags["cdc_assets/status"] == "retired" and spec.metadata["retired"] is True
@@ -142,8 +154,45 @@ def test_create_alter_drop_reach_delta_and_the_asset_graph(spark, broker, tmp_pa
         assert all(k.path != asset_key for k in merge_keys)
         scheduled = defs.resolve_job_def("cdc_freshness_job").asset_layer.asset_graph.asset_check_keys
         assert all(k.asset_key.path != asset_key for k in scheduled)  # nor in the scheduled checks
-        assert DeltaTable(path).count() == 2
+        assert DeltaTable(path).count() == 3
         assert DeltaTable(path).metadata().configuration["cdc_assets.retired"] == "true"
+
+
+def test_schema_changes_applied_in_any_order_give_the_same_table(broker, tmp_path):
+    """The snapshot's DROP TABLE IF EXISTS + CREATE, then ADD PHONE and DROP EMAIL: their runs finishing
+    in source order and in reverse leave the same Delta table, live, with EMAIL listed as dropped."""
+    key = encode_key({"databaseName": "TESTDB"})
+    with_phone = [*COLUMNS, {"name": "PHONE", "jdbcType": 12, "typeName": "varchar", "length": 20, "position": 5}]
+    without_email = [c for c in with_phone if c["name"] != "EMAIL"]
+    events = [(key, schema_change("DROP", [], commit_lsn="00000025:00000d98:00a2")),
+              (key, schema_change("CREATE", COLUMNS, commit_lsn="00000025:00000d98:00a2")),
+              (key, schema_change("ALTER", with_phone, commit_lsn="00000027:00000001:0001", snapshot="false")),
+              (key, schema_change("ALTER", without_email, commit_lsn="00000029:00000001:0001", snapshot="false")),
+              # replayed after a connector restart: changes nothing
+              (key, schema_change("ALTER", without_email, commit_lsn="00000029:00000001:0001", snapshot="false"))]
+    tables = {}
+    for order in ("source", "reverse"):
+        prefix = f"orderdb_{order}_{uuid.uuid4().hex[:6]}"
+        produce(broker, new_topic_named(broker, prefix), events)
+        with DagsterInstance.ephemeral() as instance:
+            defs = load(broker, tmp_path, prefix)
+            requests = tick(defs, instance, "schema_change_sensor").run_requests
+            # the snapshot's DROP is not acted on
+            assert [r.run_key.rsplit(":", 2)[1] for r in requests] == ["1", "2", "3", "4"]
+            for request in requests if order == "source" else reversed(requests):
+                run_requested(defs, request, instance)
+            path = str(tmp_path / prefix / "DB2INST1" / "CUSTOMERS")
+            table = DeltaTable(path)
+            tables[order] = ({f.name for f in table.schema().fields},
+                             table.metadata().configuration.get("cdc_assets.dropped_columns"),
+                             table.metadata().configuration.get("cdc_assets.retired", "false"))
+            spec = next(s for s in load(broker, tmp_path, prefix).resolve_all_asset_specs()
+                        if s.key.path[-1] == "CUSTOMERS")
+            assert spec.tags["cdc_assets/status"] == "active"
+    assert tables["source"] == tables["reverse"]
+    columns, dropped, retired = tables["source"]
+    assert {"ID", "FIRST_NAME", "LAST_NAME", "EMAIL", "PHONE"} <= columns
+    assert (dropped, retired) == ("EMAIL", "false")
 
 
 def test_a_malformed_schema_change_event_stops_the_cursor_before_it(broker, tmp_path):
@@ -164,12 +213,12 @@ def test_a_malformed_schema_change_event_stops_the_cursor_before_it(broker, tmp_
 def test_unabsorbable_type_change_fails_clearly(broker, tmp_path):
     from cdc_assets.core.schema_change import diff_schema, parse_schema_change
 
-    before = parse_schema_change(schema_change("CREATE", [{"name": "P", "jdbcType": 3, "scale": 2}]))
-    after = parse_schema_change(schema_change("ALTER", [{"name": "P", "jdbcType": 3, "scale": 4}]))
+    before = parse_schema_change(schema_change("CREATE", [{"name": "P", "jdbcType": 3, "scale": 2}]), "db2")
+    after = parse_schema_change(schema_change("ALTER", [{"name": "P", "jdbcType": 3, "scale": 4}]), "db2")
     diff = diff_schema(before.changes[0].columns, after.changes[0].columns)
     assert diff.refused == ("P: decimal(38,2) -> decimal(38,4)",)
     with pytest.raises(SchemaChangeError, match="lists no columns"):
-        parse_schema_change(schema_change("ALTER", []))
+        parse_schema_change(schema_change("ALTER", []), "db2")
 
 
 def new_topic_named(broker, topic):

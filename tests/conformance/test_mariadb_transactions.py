@@ -1,0 +1,353 @@
+"""Conformance with real MariaDB, continued: transaction metadata, incremental snapshots and TRUNCATE, as a private
+MariaDB 10.11 captured by Debezium's MariaDB connector (3.5.0) in a Kafka Connect 4.3 worker emits them (JSON with
+schemas, 3 partitions per topic); the project's jobs merge the topics as the ``mariadb`` kind; the source database
+is the oracle.
+
+One connector registration (``provide.transaction.metadata=true``, ``snapshot.mode=no_data``, the signal table and
+the Kafka signal channel, notifications to a topic, ``skipped.operations=none``) feeds every test: a seeded workload
+of multi-table transactions merged once mid-stream, two incremental snapshots requested with the project's
+``incremental_snapshot_job`` (one per channel) while their tables are written, and a TRUNCATE among writes. Each
+aspect has its own pipeline config over the same topics (its own Delta root), so the tests do not hang on each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient, NewTopic
+from dagster import ExecuteInProcessResult
+from deltalake import DeltaTable
+
+from cdc_assets.io.delta import DeltaTarget
+from cdc_assets.io.transactions import consistent_versions
+from tests.conformance import harness as h
+from tests.conformance import workloads as w
+from tests.conformance.test_mariadb import PsycopgLike
+from tests.connect import ConnectWorker
+from tests.mariadb import MariaDBServer
+
+pytestmark = pytest.mark.conformance
+
+SEED = 43_1043
+SIGNAL_DSN_ENV = "CDC_MARIADB_SIGNAL_DSN"
+TX_TABLES = ("tx_a", "tx_b", "tx_c")
+MAX_RECORDS = 100  # per table and batch: a partition's share of it is a third
+PARTITION_SHARE = MAX_RECORDS // 3
+BEFORE_CAPTURE = 400  # rows of each snap_* table that only an incremental snapshot brings (snapshot.mode=no_data)
+
+SCHEMA = [
+    "CREATE TABLE cdc_marker (id INT PRIMARY KEY)",
+    # Debezium's signal table: the project inserts signals, the connector its snapshot-window watermarks.
+    "CREATE TABLE debezium_signal (id VARCHAR(64) PRIMARY KEY, type VARCHAR(32) NOT NULL, data VARCHAR(2048))",
+    *(f"CREATE TABLE {t} (id INT PRIMARY KEY, v INT, note VARCHAR(64))" for t in TX_TABLES),
+    "CREATE TABLE snap_k (id INT PRIMARY KEY, v VARCHAR(64), n INT)",
+    "CREATE TABLE snap_s (id INT PRIMARY KEY, v VARCHAR(64), n INT)",
+    "CREATE TABLE trunc (id INT PRIMARY KEY, v VARCHAR(64))",
+]
+
+
+def tx_changes(sql: PsycopgLike, rng: random.Random, ids: dict[str, list[int]], next_id: list[int],
+               transactions: int, sizes: list[dict[str, int]]) -> None:
+    """``transactions`` seeded random transactions, each touching 2 or 3 of the tx tables with inserts, updates and
+    deletes; about one in four has more statements for one table than a partition's share of a batch (but fewer than
+    a batch, tombstones included). Each transaction's statements per table are appended to ``sizes``."""
+    for _ in range(transactions):
+        touched = rng.sample(TX_TABLES, rng.choice([2, 2, 3]))
+        big = rng.random() < 0.25
+        counts = {table: rng.randint(PARTITION_SHARE + 5, MAX_RECORDS - 30) if big and index == 0
+                  else rng.randint(1, 12) for index, table in enumerate(touched)}
+        with sql.transaction():
+            for table, count in counts.items():
+                live = ids[table]
+                for _ in range(count):
+                    choice = rng.random()
+                    if choice < 0.5 or len(live) < 5:
+                        sql.execute(f"INSERT INTO {table} VALUES (%s, %s, %s)",
+                                    [next_id[0], rng.randint(0, 10**6), f"tx row {next_id[0]}"])
+                        live.append(next_id[0])
+                        next_id[0] += 1
+                    elif choice < 0.85:
+                        sql.execute(f"UPDATE {table} SET v = %s, note = %s WHERE id = %s",
+                                    [rng.randint(0, 10**6), None if rng.random() < 0.2 else "updated",
+                                     rng.choice(live)])
+                    else:
+                        old = rng.choice(live)
+                        live.remove(old)
+                        sql.execute(f"DELETE FROM {table} WHERE id = %s", [old])
+        sizes.append(counts)
+
+
+@dataclass
+class World:
+    """The captured database after the workload, and where everything went."""
+
+    mariadb: MariaDBServer
+    worker: ConnectWorker
+    database: str
+    prefix: str
+    bootstrap_servers: str
+    root: Path
+    marker: int = 0
+    tx_sizes: list[dict[str, int]] = field(default_factory=list)
+    midstream_tx: list[str] = field(default_factory=list)
+    midstream_trunc: list[str] = field(default_factory=list)
+    notifications: list[dict[str, Any]] = field(default_factory=list)
+    before_truncate: list[dict[str, Any]] = field(default_factory=list)
+    tx_result: ExecuteInProcessResult | None = None
+    consumers: dict[str, Consumer] = field(default_factory=dict)
+
+    def config(self, aspect: str, tables: str, extra: str = "") -> str:
+        """A pipeline config of the connector for one aspect (``tx``, ``snap``, ``trunc``: its own Delta root)."""
+        return f"""\
+kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
+delta: {{root: "{self.root / aspect}", writer: delta-rs}}
+batch: {{max_records: 1000, poll_timeout_s: 5, max_batches_per_run: 200}}
+checks_after_merge: all
+connectors:
+  - name: maria_{aspect}
+    kind: mariadb
+    topic.prefix: {self.prefix}
+{extra}    tables:
+{tables}"""
+
+    def tx_config(self) -> str:
+        """Transaction mode over the three tx tables."""
+        tables = "".join(f"      - {{name: {self.database}.{t}}}\n" for t in TX_TABLES)
+        return self.config("tx", tables, "    transaction_metadata: true\n")
+
+    def merge_tx(self) -> ExecuteInProcessResult:
+        """``cdc_merge_job`` of the tx tables with batches of ``MAX_RECORDS`` records (run config)."""
+        return h.run_job(self.tx_config(), run_config={
+            "ops": {"maria_tx_merge": {"config": {"max_records_per_batch": MAX_RECORDS}}}})
+
+    def snap_config(self) -> str:
+        """The snapshotted tables, with both signal channels (each job run names one)."""
+        tables = f"      - {{name: {self.database}.snap_k}}\n      - {{name: {self.database}.snap_s}}\n"
+        return self.config("snap", tables, (
+            f'    signal: {{channel: kafka, topic: "{self.prefix}.signals", table: {self.database}.debezium_signal, '
+            f'dsn_env: {SIGNAL_DSN_ENV}, debezium_version: "3.5"}}\n'))
+
+    def trunc_config(self, on_truncate: str) -> str:
+        """The truncated table with its ``on_truncate``."""
+        return self.config("trunc", f"      - {{name: {self.database}.trunc, on_truncate: {on_truncate}}}\n")
+
+    def path(self, aspect: str, table: str) -> Path:
+        """The default Delta path of a table under an aspect's root."""
+        return self.root / aspect / self.prefix / self.database / table
+
+    def consumer(self, topic: str) -> Consumer:
+        """A consumer of ``topic`` from its beginning (one per topic, kept open)."""
+        if topic not in self.consumers:
+            consumer = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": f"{topic}-{uuid.uuid4()}",
+                                 "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                                 # The topic may not exist yet: look again soon, not after librdkafka's 5 minutes.
+                                 "topic.metadata.refresh.interval.ms": 1000})
+            consumer.subscribe([topic])
+            self.consumers[topic] = consumer
+        return self.consumers[topic]
+
+    def markers_seen(self, timeout_s: float) -> int:
+        """The highest marker the connector has produced within ``timeout_s`` (0: none)."""
+        consumer, seen = self.consumer(f"{self.prefix}.{self.database}.cdc_marker"), 0
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and seen < self.marker:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None and message.key() is not None:
+                seen = max(seen, json.loads(message.key())["payload"]["id"])
+        return seen
+
+    def wait_for_marker(self, sql: PsycopgLike, timeout_s: float = 180) -> None:
+        """Write the next marker row and wait until the connector has produced it (and so all before it); with
+        ``snapshot.mode=no_data`` only rows written once it streams come through, so the first wait writes markers
+        until one does."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.marker += 1
+            sql.execute("INSERT INTO cdc_marker VALUES (%s)", [self.marker])
+            if self.markers_seen(3) >= self.marker:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"marker {self.marker} not produced in {timeout_s}s: "
+                                     f"{self.worker.status(self.prefix)}\n{self.worker.log_tail()}")
+
+    def completed_snapshots(self) -> int:
+        """Incremental snapshots the connector announced as completed on its notification topic so far."""
+        consumer = self.consumer(f"{self.prefix}.notifications")
+        while (message := consumer.poll(0.5)) is not None:
+            if message.error() is None and message.value():
+                self.notifications.append(json.loads(message.value())["payload"])
+        return sum(1 for n in self.notifications
+                   if n.get("aggregate_type") == "Incremental Snapshot" and n.get("type") == "COMPLETED")
+
+    def snapshot_while_writing(self, sql: PsycopgLike, rng: random.Random, table: str, channel: str,
+                               ids: list[int], next_id: int, timeout_s: float = 240) -> int:
+        """Ask for an incremental snapshot of ``table`` through ``channel`` with the project's job and write to the
+        table until the connector says it completed; returns the next free id."""
+        completed = self.completed_snapshots()
+        run = h.run_job(self.snap_config(), "incremental_snapshot_job", {"ops": {"send_execute_snapshot": {
+            "config": {"connector": "maria_snap", "tables": [f"{self.database}.{table}"], "channel": channel}}}})
+        assert run.success, h.failures(run)
+        deadline = time.monotonic() + timeout_s
+        while self.completed_snapshots() <= completed:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the {channel} channel's snapshot of {table} did not complete in {timeout_s}s: "
+                                     f"{self.notifications}\n{self.worker.log_tail()}")
+            next_id = w.snap_changes(sql, rng, table, ids, next_id, 3)  # type: ignore[arg-type]
+        return next_id
+
+
+@pytest.fixture(scope="module")
+def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    """Runs the whole captured workload once; the tests then merge and compare."""
+    run_id = uuid.uuid4().hex[:6]
+    database, prefix = f"tx_{run_id}", f"mtx{run_id}"
+    mariadb.execute(f"CREATE DATABASE {database}")
+    world = World(mariadb, connect_worker, database, prefix, broker.bootstrap_servers,
+                  tmp_path_factory.mktemp("mariadb-tx") / "delta")
+    rng = random.Random(SEED)
+    signals = f"{prefix}.signals"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    admin.create_topics([NewTopic(signals, num_partitions=1, replication_factor=1)])[signals].result()
+    os.environ[SIGNAL_DSN_ENV] = (f"mariadb://{mariadb.admin_user}:{mariadb.admin_password}@{mariadb.host}:"
+                                  f"{mariadb.port}/{database}")
+    with contextlib.closing(mariadb.connect(database)) as connection:
+        sql = PsycopgLike(connection)
+        for statement in SCHEMA:
+            sql.execute(statement)
+        for host in ("127.0.0.1", "localhost"):  # the connector writes its snapshot windows into the signal table
+            sql.execute(f"GRANT INSERT, UPDATE, DELETE ON {database}.debezium_signal TO '{mariadb.user}'@'{host}'")
+        snap_ids: dict[str, list[int]] = {}
+        for table in ("snap_k", "snap_s"):
+            with sql.transaction():
+                for row_id in range(1, BEFORE_CAPTURE + 1):
+                    sql.execute(f"INSERT INTO {table} VALUES (%s, %s, 0)", [row_id, f"before capture {row_id}"])
+            snap_ids[table] = list(range(1, BEFORE_CAPTURE + 1))
+
+        connect_worker.register(prefix, mariadb.connector_config(prefix, [database], broker.bootstrap_servers, **{
+            "snapshot.mode": "no_data", "provide.transaction.metadata": "true",
+            "signal.enabled.channels": "source,kafka", "signal.data.collection": f"{database}.debezium_signal",
+            "signal.kafka.topic": signals, "signal.kafka.bootstrap.servers": broker.bootstrap_servers,
+            "signal.kafka.groupId": f"signals-{run_id}", "incremental.snapshot.chunk.size": "25",
+            "notification.enabled.channels": "sink", "notification.sink.topic.name": f"{prefix}.notifications"}))
+        try:
+            connect_worker.wait_running(prefix)
+            world.wait_for_marker(sql)
+            tx_ids: dict[str, list[int]] = {t: [] for t in TX_TABLES}
+            next_tx = [1]
+            # Phase 1: transactions and the truncated table's first rows; both merged mid-stream.
+            tx_changes(sql, rng, tx_ids, next_tx, 30, world.tx_sizes)
+            for row_id in range(1, 21):
+                sql.execute("INSERT INTO trunc VALUES (%s, %s)", [row_id, f"first {row_id}"])
+            world.wait_for_marker(sql)
+            world.midstream_tx = h.failures(world.merge_tx())
+            world.midstream_trunc = h.failures(h.run_job(world.trunc_config("halt")))
+
+            # Incremental snapshots through each channel while their tables (and the tx tables) are written.
+            next_snap = BEFORE_CAPTURE + 1
+            next_snap = world.snapshot_while_writing(sql, rng, "snap_k", "kafka", snap_ids["snap_k"], next_snap)
+            tx_changes(sql, rng, tx_ids, next_tx, 10, world.tx_sizes)
+            next_snap = world.snapshot_while_writing(sql, rng, "snap_s", "source", snap_ids["snap_s"], next_snap)
+            w.snap_changes(sql, rng, "snap_k", snap_ids["snap_k"], next_snap, 20)  # type: ignore[arg-type]
+
+            # Phase 2: more transactions; the truncated table written, truncated, written again.
+            tx_changes(sql, rng, tx_ids, next_tx, 30, world.tx_sizes)
+            for row_id in range(21, 31):
+                sql.execute("INSERT INTO trunc VALUES (%s, %s)", [row_id, f"second {row_id}"])
+            sql.execute("UPDATE trunc SET v = CONCAT(v, ' updated') WHERE id % 3 = 0")
+            world.before_truncate = mariadb.query("SELECT * FROM trunc", database)
+            sql.execute("TRUNCATE TABLE trunc")
+            for row_id in range(31, 41):
+                sql.execute("INSERT INTO trunc VALUES (%s, %s)", [row_id, f"after truncate {row_id}"])
+            sql.execute("UPDATE trunc SET v = 'after truncate, updated' WHERE id = 31")
+            world.wait_for_marker(sql)
+            yield world
+        finally:
+            for consumer in world.consumers.values():
+                consumer.close()
+            connect_worker.delete(prefix)
+            os.environ.pop(SIGNAL_DSN_ENV, None)
+
+
+def _assert_equal(world: World, aspect: str, table: str, actual: dict[str, h.Normaliser]) -> None:
+    rows = h.current_rows(world.path(aspect, table), "scd1")
+    source = world.mariadb.query(f"SELECT * FROM {table}", world.database)
+    problems = h.compare(source, rows, ("id",), {}, actual)
+    if problems:
+        raise AssertionError(f"{table}: {h.summarise(problems)}")
+
+
+def test_multi_table_transactions_are_applied_whole_in_small_batches(world):
+    """Transactions over 2-3 tables, some with more events for a table than a partition's share of a batch, merged
+    in batches of 100 records from 3-partition topics (mid-stream and at the end): every table equals the source,
+    every transaction is reconciled and the consistent watermark names each table's Delta version."""
+    assert max(n for sizes in world.tx_sizes for n in sizes.values()) > PARTITION_SHARE  # the workload's premise
+    assert sum(1 for sizes in world.tx_sizes if max(sizes.values()) > PARTITION_SHARE) >= 5
+    if world.tx_result is None:
+        world.tx_result = world.merge_tx()
+    failed = h.failures(world.tx_result)
+    assert not world.midstream_tx and not failed, world.midstream_tx + failed
+    for table in TX_TABLES:
+        _assert_equal(world, "tx", table, {"v": h.typed(int), "note": h.typed(str)})
+    checks = {(e.asset_key.path[-1], e.check_name): e for e in world.tx_result.get_asset_check_evaluations()}
+    for table in TX_TABLES:
+        reconciled = checks[(table, "transactions_reconciled")]
+        assert reconciled.passed, (table, reconciled.description, reconciled.metadata)
+        assert checks[(table, "consistent_watermark_fresh")].passed, table
+    transaction, versions = consistent_versions(DeltaTarget(str(world.root / "tx" / "_cdc_assets" / "watermarks")),
+                                                "maria_tx")
+    assert transaction is not None
+    assert versions == {f"{world.database}.{t}": DeltaTable(str(world.path("tx", t))).version() for t in TX_TABLES}
+
+
+def test_incremental_snapshots_through_the_signal_table_and_the_kafka_channel_while_writing(world):
+    """Rows that predate capture (snapshot.mode=no_data) reach Delta only through the incremental snapshots the
+    project's incremental_snapshot_job asked for, one through the Kafka signal topic and one through the signal
+    table (a ``mariadb://`` DSN), while their tables were written."""
+    completed = [n for n in world.notifications
+                 if n.get("aggregate_type") == "Incremental Snapshot" and n.get("type") == "COMPLETED"]
+    assert len(completed) == 2, world.notifications
+    run = h.run_job(world.snap_config())
+    assert run.success, h.failures(run)
+    for table in ("snap_k", "snap_s"):
+        _assert_equal(world, "snap", table, {"v": h.typed(str), "n": h.typed(int)})
+        kept = [r for r in h.delta_rows(world.path("snap", table)) if r["v"].startswith("before capture")]
+        assert len(kept) > BEFORE_CAPTURE // 2, (table, len(kept))
+    audit = h.delta_rows(world.root / "snap" / "_cdc_assets" / "signals")
+    assert sorted(r["channel"] for r in audit) == ["kafka", "source"]
+
+
+def test_a_truncate_halts_its_table_naming_where_and_nothing_is_lost(world):
+    """MariaDB's TRUNCATE (op t, a null key): with on_truncate halt (the default) the run fails naming the topic,
+    partition and offset of the TRUNCATE event and the table keeps what it had; run again with on_truncate ignore,
+    it applies every change before and after the TRUNCATE."""
+    assert not world.midstream_trunc, world.midstream_trunc
+    path, topic = world.path("trunc", "trunc"), f"{world.prefix}.{world.database}.trunc"
+    merged_before = {r["id"]: r["v"] for r in h.delta_rows(path)}
+    assert merged_before == {i: f"first {i}" for i in range(1, 21)}
+
+    truncates = [r for r in h.read_topic(world.bootstrap_servers, topic) if r.value and r.value.get("op") == "t"]
+    assert len(truncates) == 1 and truncates[0].key == {}, truncates
+    where = f"{topic} partition {truncates[0].partition} offset {truncates[0].offset}: TRUNCATE of table " \
+            f"'{world.database}.trunc'"
+    for _ in range(2):  # halted again at the same event: nothing was committed past it
+        halted = "\n".join(h.failures(h.run_job(world.trunc_config("halt"))))
+        assert where in halted, halted
+        assert {r["id"]: r["v"] for r in h.delta_rows(path)} == merged_before
+
+    run = h.run_job(world.trunc_config("ignore"))
+    assert run.success, h.failures(run)
+    source = world.mariadb.query("SELECT * FROM trunc", world.database)
+    expected = {r["id"]: r["v"] for r in world.before_truncate} | {r["id"]: r["v"] for r in source}
+    assert {r["id"]: r["v"] for r in h.delta_rows(path)} == expected
