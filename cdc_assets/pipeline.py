@@ -434,7 +434,10 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
         cut = key_change_cut(raw.records, raw.end_offsets, raw.high_watermarks, table.kind, layout.placeholder)
     if cut is not None or wider is not limits:
         records = raw.records.filter(_arrow_before(cut, raw.records)) if cut is not None else raw.records
-        raw = replace(raw, records=records, end_offsets=cut or raw.end_offsets)
+        # What the next batch reads again is counted there, not here.
+        size = sum(pc.sum(pc.binary_length(records[name])).as_py() or 0 for name in ("key", "value"))
+        raw = replace(raw, records=records, end_offsets=cut or raw.end_offsets, records_read=records.num_rows,
+                      bytes_read=size)
         commit = replace(commit, version=sum(raw.end_offsets.values()), offsets=raw.end_offsets)
         is_tombstone = pc.is_null(records["value"])
         tombstones, events = pc.sum(is_tombstone).as_py() or 0, records.filter(pc.invert(is_tombstone))
