@@ -11,20 +11,17 @@ its last DDL again.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from decimal import Decimal
-from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from dagster import DagsterInstance, build_sensor_context
 from deltalake import DeltaTable
 
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
-from tests.conformance.harness import Normaliser, compare, current_rows, summarise
+from tests.conformance.harness import Normaliser, compare, current_rows, read_topic, summarise
 from tests.conformance.test_mariadb import ALLTYPES_ACTUAL, ALLTYPES_EXPECTED, EDGE_ROWS, SCHEMA
 
 pytestmark = pytest.mark.conformance
@@ -41,30 +38,6 @@ connectors:
     topic.prefix: {prefix}
     include: ['{database}\\..*']
 """
-
-
-def topic_values(bootstrap_servers: str, topic: str) -> list[dict[str, Any]]:
-    """The payloads of every non-tombstone record of ``topic``, all partitions, to their high watermarks."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"read-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
-    try:
-        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-        if metadata.error is not None:
-            return []
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in metadata.partitions}
-        consumer.assign([TopicPartition(topic, p, 0) for p, end in ends.items() if end])
-        values, read = [], dict.fromkeys(ends, 0)
-        while any(read[p] < end for p, end in ends.items()):
-            for message in consumer.consume(500, timeout=2):
-                if message.error() is not None:
-                    continue
-                read[message.partition()] = message.offset() + 1
-                if message.value() is not None:
-                    values.append(json.loads(message.value())["payload"])
-        return values
-    finally:
-        consumer.close()
 
 
 class Shop:
@@ -88,8 +61,8 @@ class Shop:
         self.sql(f"INSERT INTO marker VALUES ({self.marker})")
         topic = f"{self.prefix}.{self.database}.marker"
         deadline = time.monotonic() + timeout_s
-        while not any((value.get("after") or {}).get("id") == self.marker
-                       for value in topic_values(self.broker.bootstrap_servers, topic)):
+        while not any(((record.value or {}).get("after") or {}).get("id") == self.marker
+                      for record in read_topic(self.broker.bootstrap_servers, topic)):
             assert time.monotonic() < deadline, f"marker {self.marker} never reached {topic}"
             time.sleep(0.5)
         time.sleep(1.0)  # the connector's other topics were written in the same producer flush
