@@ -74,6 +74,8 @@ batch:
   concurrent_tables: {concurrent}
 spark:
   local_server: true
+merge_schedule:
+  cron: "*/5 * * * *"
 connectors:
   - name: w2
     kind: postgresql
@@ -234,10 +236,12 @@ def write_config(work: Path, bootstrap: str, tables: int, root: Path, writer: st
     return path
 
 
-def child(config_path: Path, profile: bool) -> None:
-    """One ``cdc_merge_job`` run in this (fresh) process; prints one ``RESULT {json}`` line."""
+def child(config_path: Path, profile: bool, quiet: bool = False) -> None:
+    """One ``cdc_merge_job`` run in this (fresh) process; prints one ``RESULT {json}`` line. ``quiet``: the
+    tables are caught up; the run's instance keeps its events on disk (as a deployment's does) and after the
+    run ``cdc_merge_schedule`` ticks on it (``tick_s``: each tick's seconds, the code location loaded)."""
     os.environ["CDC_ASSETS_CONFIG"] = str(config_path)
-    from dagster import DagsterEventType, DagsterInstance
+    from dagster import DagsterEventType, DagsterInstance, build_schedule_context
 
     from cdc_assets.config import load_config
     from cdc_assets.definitions import build_definitions
@@ -245,7 +249,9 @@ def child(config_path: Path, profile: bool) -> None:
     with PeakRss(exclude_pid=-1) as rss:
         config = load_config(config_path)
         job = build_definitions(config).resolve_job_def("cdc_merge_job")
-        instance = DagsterInstance.ephemeral()  # a run worker has its instance (and code location) before its run
+        # A run worker has its instance (and code location) before its run.
+        instance = DagsterInstance.local_temp(tempfile.mkdtemp(prefix="cdc-w2-home-")) if quiet else \
+            DagsterInstance.ephemeral()
         profiler = cProfile.Profile() if profile else None
         started, started_at = time.perf_counter(), time.time()
         if profiler:
@@ -254,6 +260,14 @@ def child(config_path: Path, profile: bool) -> None:
         if profiler:
             profiler.disable()
         wall = time.perf_counter() - started
+        ticks, skipped = [], None
+        if quiet:
+            schedule = build_definitions(config).get_schedule_def("cdc_merge_schedule")
+            for _ in range(3):
+                mark = time.perf_counter()
+                data = schedule.evaluate_tick(build_schedule_context(instance=instance))
+                ticks.append(time.perf_counter() - mark)
+                skipped = data.skip_message
     if not result.success:
         failures = [str(e.event_specific_data) for e in result.all_events if e.is_failure][:3]
         raise SystemExit("cdc_merge_job failed: " + "\n".join(failures))
@@ -282,12 +296,12 @@ def child(config_path: Path, profile: bool) -> None:
                   if p.pid not in servers and not servers & {a.pid for a in p.parents()})]
     print("RESULT " + json.dumps({
         "wall_s": wall, "creation_s": creation, "tables": len(per_table), "table_seconds": per_table, "stages": stages,
-        "checks": checks, "events": events, "peak_rss": rss.peak, "profile": top,
+        "checks": checks, "events": events, "peak_rss": rss.peak, "profile": top, "tick_s": ticks, "skipped": skipped,
         "run_cpu": sum(sum(p.cpu_times()[:2]) for p in tree)}), flush=True)
     os._exit(0)
 
 
-def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label: str) -> dict:
+def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label: str, quiet: bool = False) -> dict:
     broker_pid = broker.pid
     assert broker_pid is not None
     wait_until_idle(broker_pid)
@@ -296,7 +310,8 @@ def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label
     with contextlib.ExitStack() as stack:
         server_rss = [stack.enter_context(PeakRss(exclude_pid=-1, pid=pid)) for pid in servers]
         command = [sys.executable, "-m", "benchmarks.many_tables", "--child", str(config_path)]
-        done = subprocess.run(command + (["--profile"] if profile else []), capture_output=True, text=True,
+        done = subprocess.run(command + (["--profile"] if profile else []) + (["--quiet"] if quiet else []),
+                              capture_output=True, text=True,
                               cwd=Path(__file__).resolve().parent.parent)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -350,10 +365,13 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="run the measured run under cProfile")
     parser.add_argument("--concurrent-tables", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2],
                         help="batch.concurrent_tables of the measured runs, comma-separated: one run each")
+    parser.add_argument("--quiet-runs", type=int, default=1,
+                        help="runs after the measured ones with nothing new in any topic (a quiet schedule tick)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(Path(args.child), args.profile)
+        child(Path(args.child), args.profile, args.quiet)
         return
 
     with tempfile.TemporaryDirectory(prefix="cdc-w2-") as scratch, \
@@ -376,6 +394,12 @@ def main() -> None:
                                                    work / f"delta-{concurrent}", args.writer, concurrent),
                                       broker, args.profile, f"measured run (warm server, {concurrent} tables at once)")
                 for concurrent in args.concurrent_tables}
+            # The same tables again with nothing new: what a schedule tick costs when the tables are quiet.
+            last = args.concurrent_tables[-1]
+            quiet = [run_child(write_config(work, broker.bootstrap_servers, args.tables, work / f"delta-{last}",
+                                            args.writer, last), broker, args.profile, f"quiet run {number + 1}",
+                               quiet=True)
+                     for number in range(args.quiet_runs)]
         finally:
             stop_all()
         for concurrent in args.concurrent_tables:
@@ -386,6 +410,16 @@ def main() -> None:
     for concurrent, result in measured.items():
         print(f"\n== batch.concurrent_tables: {concurrent} ==")
         report(result, events, args.tables, concurrent)
+    for number, result in enumerate(quiet, 1):
+        print(f"\nquiet run {number} (nothing new, {args.concurrent_tables[-1]} tables at once): "
+              f"{result['wall_s']:.2f} s, {1000 * result['wall_s'] / args.tables:.1f} ms a table; CPU s: run "
+              f"{result['cpu']['run']:.1f}, server {result['cpu']['server']:.1f}; {result['tables']} materializations, "
+              f"{result['checks']} check evaluations")
+        print("  cdc_merge_schedule's ticks on it (code location loaded): "
+              + ", ".join(f"{1000 * tick:.0f} ms" for tick in result["tick_s"])
+              + f" ({1000 * min(result['tick_s']) / args.tables:.2f} ms a table); it said: {result['skipped']}")
+        if result["profile"]:
+            print(result["profile"])
     if 1 in measured:
         print()
         for concurrent, result in measured.items():

@@ -68,11 +68,13 @@ class TableSpec:
 
 
 @contextlib.contextmanager
-def _default_session() -> Iterator[SparkSession]:
+def _default_session(target: DeltaTarget) -> Iterator[SparkSession]:
+    """The local Spark server's session, with the settings of the store ``target`` is on."""
     from cdc_assets.io.spark import spark_config
     from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
 
-    session = connect(ensure_local_server(spark_config()))
+    session = connect(ensure_local_server(spark_config(delta_root=target.path,
+                                                       storage_options=target.storage_options)))
     try:
         yield session
     finally:
@@ -100,7 +102,7 @@ def apply_pending(table: TableSpec | CapturedTable, *, kafka: str | Mapping[str,
             settings = {"bootstrap.servers": kafka} if isinstance(kafka, str) else dict(kafka)
             source = KafkaSource({"group.id": "cdc-assets", **settings})
             cleanup.callback(source.close)
-        session = spark or cleanup.enter_context(_default_session())
+        session = spark or cleanup.enter_context(_default_session(captured.target))
         reports = []
         delta = select_writer(writer, session) if isinstance(writer, str) else writer
         for report in merge_micro_batches(session, source, delta, captured, limits or BatchLimits()):

@@ -89,6 +89,10 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
             events_snapshot_read=sum(s.snapshot_reads for s in summaries),
             incremental_snapshot_reads=sum(s.incremental_snapshot_reads for s in summaries),
         )
+        truncates = sum(len(s.truncates) for s in summaries)
+        if truncates:  # TRUNCATE events; with on_truncate apply, the events before them were read, not applied
+            metadata.update(events_truncate=truncates,
+                            events_before_truncate=sum(s.before_truncate for s in summaries))
         last_read = max((s.last_incremental_snapshot_read_ts for s in summaries
                          if s.last_incremental_snapshot_read_ts is not None), default=None)
         if last_read is not None:
@@ -229,7 +233,7 @@ def merge_concurrently(tables: Mapping[AssetKey, CapturedTable], limits: BatchLi
 
     A small table's merge is mostly fixed costs (its Spark query's planning and scheduling, its Kafka
     read, its Delta commit): merged side by side, one table's Spark query runs while another's Python
-    parts run (docs/performance.md, W2). Each worker reads with a Kafka source of its own, kept for
+    parts run (W2, in performance.md's git log). Each worker reads with a Kafka source of its own, kept for
     the tables it merges (a new client per table cost more than a small table's read). The tables cut
     to whole transactions merge one after another in one worker: they share the connector's
     transaction log and watermark."""

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow.compute as pc
+from confluent_kafka import KafkaException
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckExecutionContext,
@@ -41,10 +42,32 @@ from deltalake import DeltaTable
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget, KeyReport, open_table
 from cdc_assets.io.freshness import TableFreshness, TopicProbe, freshness_verdict
+from cdc_assets.io.kafka_source import SourceError
 from cdc_assets.io.registry import RegistryEntry, read_registry
 from cdc_assets.io.transactions import latest_watermark
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator
+
+
+def duration_text(seconds: float) -> str:
+    """``seconds`` as a person reads a duration: "0.4 s", "42 s", "3 min 5 s", "1 h 26 min", "2 d 3 h"."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "min", 60), ("min", 60, "s", 1)):
+        if whole >= size:
+            rest = (whole % size) // smaller_size
+            return f"{whole // size} {unit}" + (f" {rest} {smaller}" if rest else "")
+    return f"{whole} s"
+
+
+NOT_MATERIALIZED = "cannot evaluate: {name} has no materialization yet (materialize it, or run cdc_merge_job)"
+
+
+def _not_evaluated(key: AssetKey, check_name: str, why: str) -> AssetCheckResult:
+    """A check that could not look: a warning that says why, never a pass."""
+    return AssetCheckResult(asset_key=key, check_name=check_name, passed=False, severity=AssetCheckSeverity.WARN,
+                            description=why, metadata={"evaluated": False})
 
 
 def _key_report(table: CapturedTable, delta: DeltaResource, spark: SparkResource,
@@ -73,7 +96,8 @@ def live_freshness(table: CapturedTable, probe: TopicProbe) -> tuple[TableFreshn
 
 def freshness_metadata(state: TableFreshness, heartbeat: datetime | None) -> dict[str, Any]:
     """What the freshness check and the events-waiting observations show."""
-    metadata: dict[str, Any] = {"events_waiting": state.events_waiting, "behind_s": round(state.behind_s, 3)}
+    metadata: dict[str, Any] = {"events_waiting": state.events_waiting, "behind_s": round(state.behind_s, 3),
+                                "behind": duration_text(state.behind_s)}
     if state.waiting_since is not None:
         metadata["waiting_since"] = state.waiting_since.isoformat()
     if state.newest_source_time is not None:
@@ -97,7 +121,8 @@ def table_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpe
                        description=f"Each key of {name} appears once (current versions for scd2)."),
         AssetCheckSpec("no_null_keys", asset=key, blocking=True, description=f"No row of {name} has a null key."),
         AssetCheckSpec("capture_lag", asset=key, description=(
-            f"The newest change applied by the last merge of {name} is at most {table.max_capture_lag_s:.0f}s old.")),
+            f"The newest change applied by the last merge of {name} is at most "
+            f"{duration_text(table.max_capture_lag_s)} old.")),
         AssetCheckSpec("no_dead_letters", asset=key, description=f"No event of {name} is in the dead-letter table."),
         AssetCheckSpec("schema_matches_source", asset=key,
                        description=f"The Delta table of {name} has every column the source last announced."),
@@ -107,7 +132,7 @@ def table_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpe
             AssetCheckSpec("transactions_reconciled", asset=key, description=(
                 f"Every transaction's END count of events for {name} is matched by the events in its topic.")),
             AssetCheckSpec("consistent_watermark_fresh", asset=key, description=(
-                f"The connector's consistent watermark is at most {table.max_watermark_lag_s:.0f}s old.")),
+                f"The connector's consistent watermark is at most {duration_text(table.max_watermark_lag_s)} old.")),
         ]
     return specs
 
@@ -150,7 +175,7 @@ def as_evaluations(results: Iterable[AssetCheckResult], specs: Sequence[AssetChe
 
     Yielded as results (op outputs), each cost Dagster a STEP_OUTPUT event and a type check, and a walk
     over all the op's check keys (a connector's merge op has five per table): 12% of a 200-table run's
-    CPU (docs/performance.md, W2). Like Dagster's own conversion, each evaluation targets the asset's latest
+    CPU (W2, in performance.md's git log). Like Dagster's own conversion, each evaluation targets the asset's latest
     materialization (read once, for the first result), and is blocking as its spec says."""
     blocking = {(spec.asset_key, spec.name): spec.blocking for spec in specs}
     target: AssetCheckEvaluationTargetMaterializationData | None = None
@@ -169,11 +194,11 @@ def as_evaluations(results: Iterable[AssetCheckResult], specs: Sequence[AssetChe
 
 def freshness_check_spec(table: CapturedTable, key: AssetKey) -> AssetCheckSpec:
     """The spec of the live ``freshness`` check (``build_freshness_checks``: kafka only, no pool)."""
-    heartbeat_rule = (f"; the connector's newest heartbeat is at most {table.max_heartbeat_age_s:.0f}s old"
+    heartbeat_rule = (f"; the connector's newest heartbeat is at most {duration_text(table.max_heartbeat_age_s)} old"
                       if table.max_heartbeat_age_s else "")
     return AssetCheckSpec(FRESHNESS_CHECK, asset=key, description=(
         f"Live, on its own schedule: no event of {table.name} has waited in its topic longer than "
-        f"{table.max_capture_lag_s:.0f}s{heartbeat_rule}."))
+        f"{duration_text(table.max_capture_lag_s)}{heartbeat_rule}."))
 
 
 class RunReads:
@@ -213,6 +238,12 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
     ``reads``: the op run's shared reads; ``materialized``: the table's materialization in this step, if
     it merged (else its latest is read from ``instance``)."""
     merged = _plain_metadata(materialized)
+    latest = None if materialized is not None else instance.get_latest_materialization_event(key)
+    if materialized is None and latest is None:
+        # Never merged: every check of what merges left would pass on nothing, so none claims to.
+        for name in sorted(selected):
+            yield _not_evaluated(key, name, NOT_MATERIALIZED.format(name=table.name))
+        return
     if selected & set(KEY_CHECKS):
         # One scan of the keys serves both checks.
         report = _key_report(table, delta, spark, merged.get("key_columns") or ())
@@ -226,14 +257,9 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
                 asset_key=key, check_name="no_null_keys", passed=report is None or report.null_keys == 0,
                 metadata={"rows": 0, "note": "no batch applied yet"} if report is None else
                 {"null_keys": report.null_keys})
-    last: dict[str, Any] = {}  # the metadata of the table's latest materialization
-    if selected & {"capture_lag", "transactions_reconciled"}:
-        if materialized is not None:  # this step's: no read of the event log
-            last = merged
-        else:
-            event = instance.get_latest_materialization_event(key)
-            if event is not None and event.asset_materialization is not None:
-                last = {name: value.value for name, value in event.asset_materialization.metadata.items()}
+    last: dict[str, Any] = merged  # the metadata of the table's latest materialization
+    if latest is not None and latest.asset_materialization is not None:
+        last = {name: value.value for name, value in latest.asset_materialization.metadata.items()}
     if "capture_lag" in selected:
         yield _capture_lag(table, key, last)
     if "no_dead_letters" in selected:
@@ -256,10 +282,15 @@ def _capture_lag(table: CapturedTable, key: AssetKey, last: Mapping[str, Any]) -
     lag = last.get("capture_lag_s")
     if lag is None:
         return AssetCheckResult(asset_key=key, check_name="capture_lag", passed=True,
+                                description="the last merge applied no change: no lag to measure",
                                 metadata={"note": "the last merge applied no change"})
-    return AssetCheckResult(asset_key=key, check_name="capture_lag", passed=lag <= table.max_capture_lag_s,
+    passed = lag <= table.max_capture_lag_s
+    description = (f"the newest change the last merge applied was {duration_text(lag)} old "
+                   f"({'within' if passed else 'beyond'} the bound of {duration_text(table.max_capture_lag_s)})")
+    return AssetCheckResult(asset_key=key, check_name="capture_lag", passed=passed, description=description,
                             severity=AssetCheckSeverity.WARN,
-                            metadata={"capture_lag_s": lag, "bound_s": table.max_capture_lag_s})
+                            metadata={"capture_lag": duration_text(lag), "capture_lag_s": lag,
+                                      "bound_s": table.max_capture_lag_s})
 
 
 def _no_dead_letters(table: CapturedTable, key: AssetKey, reads: "RunReads") -> AssetCheckResult:
@@ -296,10 +327,13 @@ def _consistent_watermark_fresh(table: CapturedTable, key: AssetKey) -> AssetChe
     if latest is None or latest["transaction_ts"] is None:
         return AssetCheckResult(asset_key=key, check_name="consistent_watermark_fresh", passed=False,
                                 severity=AssetCheckSeverity.WARN,
+                                description="no consistent watermark recorded yet (no transaction applied whole)",
                                 metadata={"note": "no consistent watermark recorded yet"})
     age = (datetime.now(timezone.utc) - latest["transaction_ts"]).total_seconds()
     return AssetCheckResult(asset_key=key, check_name="consistent_watermark_fresh",
                             passed=age <= table.max_watermark_lag_s, severity=AssetCheckSeverity.WARN,
+                            description=f"the consistent watermark is {duration_text(age)} old (bound "
+                                        f"{duration_text(table.max_watermark_lag_s)})",
                             metadata={"transaction_id": latest["transaction_id"], "age_s": round(age, 3),
                                       "versions": json.loads(latest["versions"])})
 
@@ -336,10 +370,24 @@ def build_freshness_checks(name: str, tables: Sequence[CapturedTable],
     @multi_asset_check(name=name, specs=[freshness_check_spec(table, key) for key, table in by_key.items()],
                        can_subset=True)
     def freshness(context: AssetCheckExecutionContext, kafka: KafkaResource) -> Iterator[AssetCheckResult]:
-        with TopicProbe(kafka.client_settings()) as probe:
+        settings = kafka.client_settings()
+        unreachable: str | None = None  # once the broker is unreachable, the other tables are not probed
+        with TopicProbe(settings) as probe:
             for check_key in context.selected_asset_check_keys:
                 table = by_key[check_key.asset_key]
-                state, heartbeat = live_freshness(table, probe)
+                if unreachable is not None:
+                    yield _not_evaluated(check_key.asset_key, FRESHNESS_CHECK, unreachable)
+                    continue
+                try:
+                    state, heartbeat = live_freshness(table, probe)
+                except SourceError as exc:
+                    why = f"cannot evaluate: {exc}"
+                    if isinstance(exc.__cause__, KafkaException):
+                        unreachable = why = (
+                            f"cannot evaluate: Kafka at {settings.get('bootstrap.servers')} did not answer ({exc}): "
+                            "is the broker running, and is kafka.bootstrap_servers in the pipeline config right?")
+                    yield _not_evaluated(check_key.asset_key, FRESHNESS_CHECK, why)
+                    continue
                 verdict = freshness_verdict(state, table.max_capture_lag_s, heartbeat, table.max_heartbeat_age_s)
                 yield AssetCheckResult(
                     asset_key=check_key.asset_key, check_name=FRESHNESS_CHECK, passed=verdict.passed,

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
 from cdc_assets.io.signals import DEFAULT_DEBEZIUM_VERSION
+from cdc_assets.io.storage import check_storage
 
 CONFIG_ENV_VAR = "CDC_ASSETS_CONFIG"
 DEMO_CONFIG_PATH = Path(__file__).parent / "demo" / "pipeline.yaml"
@@ -94,11 +95,18 @@ class SparkConfig(_Model):
 class DeltaConfig(_Model):
     """Where the Delta tables live and which writer commits to them."""
 
-    root: str
+    root: str = Field(description="a local path, or s3:// (s3a://), abfss:// or gs:// (docs/storage.md)")
     writer: WriterName = "auto"
-    storage_options: dict[str, str] = Field(default_factory=dict)
+    storage_options: dict[str, str] = Field(default_factory=dict, description=(
+        "the store's settings, in delta-rs's names (endpoint, region, allow_http, account_name, ...); a secret "
+        "is named by '<option>_env: ENV_VAR', never inline. Both writers get them (cdc_assets.io.storage)"))
     deletion_vectors: bool = Field(default=False, description="delta-spark writer: create tables with deletion "
                                                               "vectors (readers must support them; delta-rs does not)")
+
+    @model_validator(mode="after")
+    def _reachable_storage(self) -> DeltaConfig:
+        check_storage(self.root, self.storage_options)  # its errors name the field
+        return self
 
 
 class BatchLimits(_Model):
@@ -130,9 +138,11 @@ class TableConfig(_Model):
         default="halt", description="halt: commit nothing and fail; dead_letter: apply the rest, keep bad events "
                                     "in the pipeline's dead-letter table")
     apply_mode: ApplyModeName = "scd1"
-    on_truncate: Literal["halt", "ignore"] = Field(
+    on_truncate: Literal["halt", "ignore", "apply"] = Field(
         default="halt", description="a TRUNCATE event (op t, skipped.operations=none): halt = stop before it, "
-                                    "committing nothing, naming topic/partition/offset; ignore = skip it (counted)")
+                                    "committing nothing, naming topic/partition/offset; ignore = skip it (counted); "
+                                    "apply = remove the rows from before it, as the source did (soft_delete marks "
+                                    "them deleted, scd2 ends their versions)")
     owners: list[str] = Field(default_factory=list, description="Dagster asset owners (emails or team:name)")
     tags: dict[str, str] = Field(default_factory=dict, description="Dagster asset tags")
     max_capture_lag_s: float | None = Field(default=None, gt=0, description="capture-lag check bound")

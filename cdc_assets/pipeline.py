@@ -38,14 +38,16 @@ from cdc_assets.core.envelope import (
 from cdc_assets.core.key_changes import key_change_cut
 from cdc_assets.core.layout import (
     HIDDEN_PREFIX,
+    PLACEHOLDER_KINDS,
     ChangeEventLayout,
     LayoutError,
 )
 from cdc_assets.core.transactions import ReadOn, cut_batch, read_on, transaction_key
+from cdc_assets.core.truncation import Truncation, after_truncation, latest_truncation, truncation_mark, wiped_by
 from cdc_assets.core.types import placeholder_needles
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
-from cdc_assets.io.kafka_source import KafkaSource, RawBatch
+from cdc_assets.io.kafka_source import Cut, KafkaSource, RawBatch
 from cdc_assets.io.spark import is_local, spark_records, without_schemas
 from cdc_assets.io.transactions import ingest_transactions, table_horizon
 
@@ -80,7 +82,8 @@ class TruncateError(RuntimeError):
         super().__init__(
             f"{topic} partition {partition} offset {offset}: TRUNCATE of table '{table}' at the source. Halted "
             "(the table's on_truncate is halt): nothing of this batch was committed and the Delta table keeps its "
-            "rows. Decide for the table: on_truncate: ignore skips TRUNCATE events (counted), then run again")
+            "rows. Decide for the table: on_truncate: apply removes the rows from before it as the source did, "
+            "ignore skips TRUNCATE events (counted); then run again")
 
 
 class BatchTooSmallError(RuntimeError):
@@ -138,10 +141,14 @@ def _seconds_since(moment: datetime | None) -> float | None:
 
 def _sample(column: pa.ChunkedArray) -> list[bytes]:
     """The first and last few non-null values (newest last), for layout derivation."""
-    present = column.filter(pc.is_valid(column)) if column.null_count else column  # filter copies it all
-    if len(present) <= 2 * _SAMPLE:
-        return present.to_pylist()
-    return present.slice(0, _SAMPLE).to_pylist() + present.slice(len(present) - _SAMPLE).to_pylist()
+    if column.null_count:  # their positions, not a filtered copy of the whole column
+        present = pc.indices_nonzero(pc.is_valid(column))
+        if len(present) > 2 * _SAMPLE:
+            present = pa.concat_arrays([present.slice(0, _SAMPLE), present.slice(len(present) - _SAMPLE)])
+        return column.take(present).to_pylist()
+    if len(column) <= 2 * _SAMPLE:
+        return column.to_pylist()
+    return column.slice(0, _SAMPLE).to_pylist() + column.slice(len(column) - _SAMPLE).to_pylist()
 
 
 def _value_at(events: pa.Table, partition: int, offset: int) -> bytes | None:
@@ -151,13 +158,25 @@ def _value_at(events: pa.Table, partition: int, offset: int) -> bytes | None:
     return values[0] if values else None
 
 
-def _fold(writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout, decoded: DataFrame
-          ) -> tuple[pa.Table, BatchSummary]:
-    """The rows to MERGE for ``table``'s apply mode, and the batch summary, from decoded events."""
+def _fold(writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout, decoded: DataFrame,
+          progress: TableProgress | None) -> tuple[pa.Table, BatchSummary]:
+    """The rows to MERGE for ``table``'s apply mode, and the batch summary, from decoded events. A table
+    that applies TRUNCATEs drops the events before the latest one (``core.truncation``), folding again
+    only when the batch holds some: the summary still counts every event read."""
     def stored(keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
         return writer.current_rows(table.target, keys, columns)
 
-    return table.mode.rows(decoded, layout, stored)
+    rows, summary = table.mode.rows(decoded, layout, stored)
+    if table.on_truncate != "apply":
+        return rows, summary
+    mark = truncation_mark(_truncated_at(progress), latest_truncation(summary.truncates))
+    if not wiped_by(summary, mark):
+        return rows, summary
+    assert mark is not None
+    rows, kept = table.mode.rows(after_truncation(decoded, mark), layout, stored)
+    return rows, replace(summary, unavailable_kept=kept.unavailable_kept,
+                         unavailable_never_seen=kept.unavailable_never_seen,
+                         before_truncate=summary.events - len(summary.truncates) - kept.events)
 
 
 def _may_hold_placeholder(layout: ChangeEventLayout, values: pa.ChunkedArray) -> bool:
@@ -180,14 +199,6 @@ def _before(cut: dict[int, int], partition: Column, offset: Column) -> Column:
     for p, end in cut.items():
         condition = condition | ((partition == p) & (offset < end))
     return condition
-
-
-def _arrow_before(cut: Mapping[int, int], records: pa.Table) -> pa.Array:
-    """Which of the ``records`` come before the cut offsets."""
-    inside = pa.array([False] * records.num_rows)
-    for partition, end in cut.items():
-        inside = pc.or_(inside, pc.and_(pc.equal(records["partition"], partition), pc.less(records["offset"], end)))
-    return inside
 
 
 def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch, progress: TableProgress | None,
@@ -293,7 +304,7 @@ def merge_micro_batches(spark: SparkSession, source: KafkaSource, writer: DeltaW
                 prepared.timings["read_progress_s"] = read_progress_s
                 if (_pipelined(table, writer) and prepared.rows is not None and not prepared.raw.caught_up
                         and number < limits.max_batches_per_run):
-                    assumed = _progress_after(prepared)
+                    assumed = _progress_after(prepared, table)
                     ahead = pool.submit(_prepare, spark, source, writer, table, limits, assumed, schema), assumed
                 report = _apply(writer, table, prepared)
                 report.timings["total_s"] = time.perf_counter() - started
@@ -339,10 +350,22 @@ class _Prepared:
     transactions: dict[str, object] | None = None
 
 
-def _progress_after(prepared: _Prepared) -> TableProgress:
+def _progress_after(prepared: _Prepared, table: CapturedTable) -> TableProgress:
     """The table's progress once ``prepared`` is committed (its txn and Delta versions unknown yet)."""
     assert prepared.commit is not None
-    return TableProgress(dict(prepared.commit.offsets), prepared.commit.version, -1, prepared.commit.key_columns)
+    commit = prepared.commit
+    return TableProgress(dict(commit.offsets), commit.version, -1, commit.key_columns,
+                         truncated_at=truncation_mark(commit.truncated_at, _truncation(table, prepared.summary)))
+
+
+def _truncated_at(progress: TableProgress | None) -> str | None:
+    """The truncation mark the table's last commit recorded (``core.truncation``)."""
+    return progress.truncated_at if progress is not None else None
+
+
+def _truncation(table: CapturedTable, summary: BatchSummary | None) -> Truncation | None:
+    """The TRUNCATE a batch applies: its latest, for a table whose ``on_truncate`` is apply."""
+    return latest_truncation(summary.truncates) if summary is not None and table.on_truncate == "apply" else None
 
 
 def _taken(following: Future[_Prepared], assumed: TableProgress, table: CapturedTable,
@@ -356,7 +379,8 @@ def _taken(following: Future[_Prepared], assumed: TableProgress, table: Captured
         return None  # prepared again from what Delta holds, and fails again if it must
     if prepared.summary is not None and prepared.summary.unavailable_kept + prepared.summary.unavailable_never_seen:
         return None  # it read the table's values before the commit before it: read them again
-    if progress is None or (progress.offsets, progress.key_columns) != (assumed.offsets, assumed.key_columns):
+    if progress is None or (progress.offsets, progress.key_columns, progress.truncated_at) != (
+            assumed.offsets, assumed.key_columns, assumed.truncated_at):
         return None
     if prepared.layout is None or prepared.samples is None:
         return prepared if schema == prepared.existing else None
@@ -381,17 +405,37 @@ def _derive_layout(table: CapturedTable, raw: RawBatch, samples: tuple[list[byte
 
 
 def _read(source: KafkaSource, table: CapturedTable, limits: BatchLimits, offsets: Mapping[int, int] | None,
-          until: Mapping[int, int] | None = None) -> tuple[RawBatch, int, pa.Table]:
+          until: Mapping[int, int] | None = None, cut: Cut | None = None) -> tuple[RawBatch, int, pa.Table]:
     """The batch of ``table``'s topic that starts at ``offsets`` (and stops before ``until``, where it
-    names a partition), its tombstones and its other records."""
+    names a partition, or where ``cut`` ends it), its tombstones and its other records."""
     # Read the next batch while this one is applied; not for tables cut to whole transactions, whose
     # batches also read the transaction topic with the same consumer.
     raw = source.read_batch(table.topic, offsets, limits.max_records, limits.max_bytes, limits.poll_timeout_s,
-                            read_ahead=table.transaction_log is None, until=until)
+                            read_ahead=table.transaction_log is None, until=until, cut=cut)
     _checkpoint("consumed")
     is_tombstone = pc.is_null(raw.records["value"])
     tombstones = pc.sum(is_tombstone).as_py() or 0
     return raw, tombstones, raw.records.filter(pc.invert(is_tombstone)) if tombstones else raw.records
+
+
+def _key_change_cut(table: CapturedTable, existing: StructType | None, key_columns: tuple[str, ...]) -> Cut | None:
+    """Where a batch of ``table`` can end without separating a primary-key change's delete and create
+    (``core.key_changes``), for the source to cut it before it reads the next batch ahead: only where
+    values can carry the unavailable-value placeholder (None: never cut; batches cut to whole transactions
+    keep a key change's two events together already)."""
+    if table.kind not in PLACEHOLDER_KINDS or table.transaction_log is not None:
+        return None
+
+    def cut(raw: RawBatch) -> dict[int, int] | None:
+        values = raw.records["value"]
+        if values.null_count == len(values):
+            return None
+        layout = _derive_layout(table, raw, (_sample(raw.records["key"]), _sample(values)), existing, key_columns)
+        if not layout.unavailable_tests:
+            return None
+        return key_change_cut(raw.records, raw.end_offsets, raw.high_watermarks, table.kind, layout.placeholder)
+
+    return cut
 
 
 def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
@@ -400,11 +444,13 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
     """Read the batch that starts at ``progress`` and fold it, for a table whose Delta schema is
     ``existing``: everything before the commit, nothing written. ``until``: where the batch stops in
     the partitions it names (``_whole_transactions``)."""
-    raw, tombstones, events = _read(source, table, limits, progress.offsets if progress else None, until)
+    # A primary-key change's old values are found only with its delete in the batch (``core.key_changes``).
+    keep = _key_change_cut(table, existing, progress.key_columns if progress else ())
+    raw, tombstones, events = _read(source, table, limits, progress.offsets if progress else None, until, keep)
     while events.num_rows == 0 and existing is None and not raw.caught_up:
         # Tombstones only and no table to record their offsets in (nothing to create it from): read on,
         # and the first commit with rows records the offsets past them.
-        following, more, events = _read(source, table, limits, raw.end_offsets, until)
+        following, more, events = _read(source, table, limits, raw.end_offsets, until, keep)
         raw = replace(following, start_offsets={**following.start_offsets, **raw.start_offsets},
                       records_read=raw.records_read + following.records_read,
                       bytes_read=raw.bytes_read + following.bytes_read,
@@ -415,37 +461,13 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
     if raw.end_offsets == raw.start_offsets:
         return _Prepared(raw.without_records(), tombstones, timings, existing=existing)
     commit = CommitRequest(table.app_id, sum(raw.end_offsets.values()), table.topic, raw.end_offsets,
-                           progress.key_columns if progress else ())
+                           progress.key_columns if progress else (), truncated_at=_truncated_at(progress))
     if events.num_rows == 0:  # tombstones only: the offsets are committed to an existing table
         return _Prepared(raw.without_records(), tombstones, timings, commit if existing is not None else None,
                          existing=existing)
 
     samples = (_sample(events["key"]), _sample(events["value"]))
     layout = _derive_layout(table, raw, samples, existing, progress.key_columns if progress else ())
-    # A primary-key change's old values are found only with its delete in the batch (``core.key_changes``);
-    # batches cut to whole transactions keep a key change's two events together already.
-    cut = key_change_cut(raw.records, raw.end_offsets, raw.high_watermarks, table.kind, layout.placeholder) \
-        if layout.unavailable_tests and table.transaction_log is None else None
-    wider = limits
-    while cut is not None and cut == raw.start_offsets:
-        # Nothing can be kept without reading on (a delete whose create may follow): twice the limits.
-        wider = wider.model_copy(update={"max_records": 2 * wider.max_records, "max_bytes": 2 * wider.max_bytes})
-        raw, tombstones, events = _read(source, table, wider, raw.start_offsets, until)
-        cut = key_change_cut(raw.records, raw.end_offsets, raw.high_watermarks, table.kind, layout.placeholder)
-    if cut is not None or wider is not limits:
-        records = raw.records.filter(_arrow_before(cut, raw.records)) if cut is not None else raw.records
-        # What the next batch reads again is counted there, not here.
-        size = sum(pc.sum(pc.binary_length(records[name])).as_py() or 0 for name in ("key", "value"))
-        raw = replace(raw, records=records, end_offsets=cut or raw.end_offsets, records_read=records.num_rows,
-                      bytes_read=size)
-        commit = replace(commit, version=sum(raw.end_offsets.values()), offsets=raw.end_offsets)
-        is_tombstone = pc.is_null(records["value"])
-        tombstones, events = pc.sum(is_tombstone).as_py() or 0, records.filter(pc.invert(is_tombstone))
-        if events.num_rows == 0:  # the cut kept tombstones only: their offsets are committed
-            return _Prepared(raw.without_records(), tombstones, timings, commit if existing is not None else None,
-                             existing=existing)
-        samples = (_sample(events["key"]), _sample(events["value"]))
-        layout = _derive_layout(table, raw, samples, existing, progress.key_columns if progress else ())
     # Searched and handed over without their schemas (a sixth of the bytes); ``events`` keep every byte for
     # dead letters and error messages.
     handed = events.set_column(events.schema.get_field_index("value"), "value", without_schemas(events["value"]))
@@ -478,10 +500,10 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
                 raw = replace(raw, end_offsets=cut_offsets)
             commit = replace(commit, version=sum(cut_offsets.values()), offsets=cut_offsets,
                              transactions=transactions)
-        rows, summary = _fold(writer, table, read_as, decoded)
+        rows, summary = _fold(writer, table, read_as, decoded, progress)
         if summary.bad_events and not exact:
             frame = scratch.enter_context(spark_records(spark, handed, value_type(read_as), exact=True))
-            rows, summary = _fold(writer, table, read_as, decode_change_events(frame, read_as))
+            rows, summary = _fold(writer, table, read_as, decode_change_events(frame, read_as), progress)
         timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
     return _Prepared(raw.without_records(), tombstones, timings, commit, events if summary.bad_events else None,
                      samples, layout, existing, rows, summary, transactions)
@@ -515,16 +537,18 @@ def _apply(writer: DeltaWriter, table: CapturedTable, prepared: _Prepared) -> Ba
         dead_lettered = len(bad)
         timings["dead_letter_s"] = time.perf_counter() - mark
     if prepared.summary.truncates and table.on_truncate == "halt":
-        first = prepared.summary.truncates[0]
-        raise TruncateError(table.topic, first.partition, first.offset, table.name)
+        truncate = prepared.summary.truncates[0]
+        raise TruncateError(table.topic, truncate.partition, truncate.offset, table.name)
+    truncation = _truncation(table, prepared.summary)
+    commit = replace(prepared.commit, truncated_at=truncation_mark(prepared.commit.truncated_at, truncation))
     _checkpoint("folded")
     mark = time.perf_counter()
-    if prepared.rows.num_rows == 0 and prepared.existing is not None:
+    if prepared.rows.num_rows == 0 and prepared.existing is not None and truncation is None:
         # Nothing to change (every event older than the table's rows, or dead-lettered): the offsets alone.
-        outcome = writer.commit_progress(table.target, prepared.commit)
+        outcome = writer.commit_progress(table.target, commit)
     else:
-        outcome = writer.merge(table.target, prepared.rows, prepared.layout.key_columns, prepared.commit,
-                               table.mode)
+        outcome = writer.merge(table.target, prepared.rows, prepared.layout.key_columns, commit, table.mode,
+                               truncation)
     timings["merge_commit_s"] = time.perf_counter() - mark
     _checkpoint("committed")
     return replace(report, outcome=outcome, dead_lettered=dead_lettered)

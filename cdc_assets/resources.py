@@ -28,12 +28,27 @@ class SparkResource(ConfigurableResource):
     """The run's Spark session, made when first asked for: with ``local_server`` (the embedded default)
     a Spark Connect session on the shared local server for ``spark_config`` (started if none runs),
     else a session for ``spark_config`` itself (a cluster master, a remote Spark Connect URL, or a
-    JVM of the run's own)."""
+    JVM of the run's own).
 
-    spark_config: dict[str, str] = {}
+    Its fields are the pipeline config's; the facts of the machine (Delta's jars, JVM flags, the class
+    archive) join them in ``spark_config`` when the session is made, so the launchpad shows only what a
+    user sets."""
+
+    master: str = "local[*]"
+    remote: str | None = None
+    conf: dict[str, str] = {}
+    delta_root: str = ""
+    storage_options: dict[str, str] = {}
     local_server: bool = False
     local_server_idle_timeout_s: float = 900.0
     _session: SparkSession | None = PrivateAttr(default=None)
+
+    @property
+    def spark_config(self) -> dict[str, str]:
+        """The session's full Spark settings (``cdc_assets.io.spark.spark_config``); a run's own JVM maps the
+        class archive, the long-lived local server does not."""
+        return spark_config(self.master, self.remote, self.conf, use_class_archive=not self.local_server,
+                            delta_root=self.delta_root, storage_options=self.storage_options)
 
     @property
     def spark_session(self) -> SparkSession:
@@ -170,8 +185,8 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
 
     return {
         "spark": SparkResource(
-            spark_config=spark_config(config.spark.master, config.spark.remote, config.spark.conf,
-                                      use_class_archive=not config.spark.uses_local_server),
+            master=config.spark.master, remote=config.spark.remote, conf=dict(config.spark.conf),
+            delta_root=config.delta.root, storage_options=dict(config.delta.storage_options),
             local_server=config.spark.uses_local_server,
             local_server_idle_timeout_s=config.spark.local_server_idle_timeout_s),
         "kafka": KafkaResource(

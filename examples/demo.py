@@ -1,50 +1,236 @@
-"""The embedded demo: start a local broker, publish the sample, run ``cdc_merge_job``, print the tables.
+"""The embedded demo: a local broker, the sample published, ``cdc_merge_job`` run, the tables printed.
 
-Run through ``scripts/demo`` (which sets up the environment first). Each run starts from a fresh
-broker and Delta root under ``.cdc-demo/``, so it can run any number of times in a row.
+Run through ``scripts/demo`` (which sets up the environment first):
+
+    scripts/demo                  # fresh broker and Delta root under .cdc-demo/, merge, print rows, stop
+    scripts/demo --ui             # the same, then the Dagster UI on it (broker kept up) until Ctrl-C
+    scripts/demo --changes        # while --ui runs: publish a round of changes to merge from the UI
+    scripts/demo --changes --merge  # ... and run cdc_merge_job on them from here
+
+Each plain or ``--ui`` run starts from a fresh ``.cdc-demo/`` (or ``$CDC_DEMO_DIR``), so it can run any
+number of times in a row.
+The sample's events are dated a few minutes before publishing, so every check passes.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from deltalake import DeltaTable
 
 from cdc_assets.catalog import resolve_tables
 from cdc_assets.config import load_config
-from cdc_assets.demo.broker import ApacheKafkaBroker
-from cdc_assets.demo.sample import publish_sample
+from cdc_assets.demo.broker import ApacheKafkaBroker, free_port, port_free
+from cdc_assets.demo.sample import publish_changes, publish_sample
+from cdc_assets.io.spark_server import running_servers, stop_servers
 
 ROOT = Path(__file__).resolve().parent.parent
-STATE = ROOT / ".cdc-demo"
+STATE = Path(os.environ.get("CDC_DEMO_DIR") or ROOT / ".cdc-demo").resolve()  # the tests give theirs
+# Written while ``--ui`` runs: where its broker listens and how many change rounds were published.
+RUNNING = STATE / "running.json"
+SHOWN_ROWS = 4
+DAGSTER_YAML = """\
+# The demo's Dagster instance (scripts/demo). A pool limit of 1: two runs never merge one table at once.
+concurrency:
+  pools:
+    default_limit: 1
+"""
 
 
-def main() -> int:
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+def demo_env(bootstrap_servers: str) -> dict[str, str]:
+    """The environment of the demo's Dagster processes: its broker, Delta root and Dagster home."""
+    env = {**os.environ, "CDC_KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers, "CDC_DELTA_ROOT": str(STATE / "delta"),
+           "DAGSTER_HOME": str(STATE / "dagster_home")}
+    env.pop("CDC_ASSETS_CONFIG", None)  # the bundled demo config
+    return env
+
+
+def run_merge_job(env: Mapping[str, str]) -> bool:
+    """``cdc_merge_job`` through Dagster's CLI (recorded in the demo's Dagster home, so the UI shows it)."""
+    run = subprocess.run([_bin("dagster"), "job", "execute", "-m", "cdc_assets.definitions", "-j", "cdc_merge_job"],
+                         env=dict(env), cwd=ROOT, capture_output=True, text=True)
+    if run.returncode != 0:
+        print(run.stdout[-5000:], run.stderr[-5000:], sep="\n")
+        print("cdc_merge_job failed", file=sys.stderr)
+    return run.returncode == 0
+
+
+def print_tables(env: Mapping[str, str]) -> None:
+    """Each table's first rows, row count, Delta version and path, and how to query them."""
+    os.environ.update(CDC_KAFKA_BOOTSTRAP_SERVERS=env["CDC_KAFKA_BOOTSTRAP_SERVERS"],
+                      CDC_DELTA_ROOT=env["CDC_DELTA_ROOT"])
+    tables = resolve_tables(load_config())
+    for table in tables:
+        delta = DeltaTable(table.target.path)
+        rows = delta.to_pandas()
+        visible = [column for column in rows.columns if not column.startswith("_cdc_")]
+        print(f"\n{table.topic}: {len(rows)} rows, Delta version {delta.version()}, {table.target.path}")
+        print(rows[visible].sort_values(visible[0]).head(SHOWN_ROWS).to_string(index=False))
+    path = os.path.relpath(tables[0].target.path)
+    print(f"""
+Query them (columns starting _cdc_ are the pipeline's: positions, offsets, versions):
+  python -c "from deltalake import DeltaTable; print(DeltaTable('{path}').to_pandas())"
+  Spark SQL (delta-spark):  SELECT * FROM delta.`{path}`""")
+
+
+@contextmanager
+def _recorded(broker: ApacheKafkaBroker) -> Iterator[None]:
+    RUNNING.write_text(json.dumps({"bootstrap_servers": broker.bootstrap_servers, "rounds": 0}))
+    try:
+        yield
+    finally:
+        RUNNING.unlink(missing_ok=True)
+
+
+def _wait_for_ui(process: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url + "/server_info", timeout=2)
+            return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"dagster dev did not start; its log: {log}\n{log.read_text()[-3000:]}") from None
+            time.sleep(1)
+
+
+def serve_ui(env: Mapping[str, str], port: int) -> None:
+    """``dagster dev`` on 127.0.0.1 until Ctrl-C or SIGTERM; its processes stop with it."""
+    log = STATE / "dagster_dev.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [_bin("dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+            cwd=ROOT, env=dict(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_ui(process, url, log)
+        print(f"""
+Dagster UI: {url}   (log {os.path.relpath(log)}; Ctrl-C stops the UI, the broker and the Spark server)
+In another terminal, make changes (inserts, updates, deletes, a primary-key change) and watch them flow:
+  scripts/demo --changes            then "Materialize all" in the UI (Assets > Global asset lineage)
+  scripts/demo --changes --merge    or run cdc_merge_job from here
+Or point your own Dagster at the demo:
+  export DAGSTER_HOME={env["DAGSTER_HOME"]} CDC_KAFKA_BOOTSTRAP_SERVERS={env["CDC_KAFKA_BOOTSTRAP_SERVERS"]} \\
+         CDC_DELTA_ROOT={env["CDC_DELTA_ROOT"]}""", flush=True)
+        while process.poll() is None:
+            time.sleep(1)
+        print(f"dagster dev exited with {process.returncode}; see {log}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\nstopping the Dagster UI, the broker and the Spark server ...", flush=True)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)  # dagster dev stops its webserver, daemon and code servers
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+def run_demo(ui: bool, ui_port: int, broker_port: int) -> int:
+    """A fresh ``.cdc-demo/``: broker, sample, ``cdc_merge_job``, tables; then the UI if ``ui``."""
+    if _running_demo() is not None:
+        print(f"a demo with the UI is running on this {STATE}: stop it (Ctrl-C) first, or make changes on it "
+              "with --changes", file=sys.stderr)
+        return 2
+    if ui and not port_free(ui_port):
+        print(f"port {ui_port} is taken: pass --port", file=sys.stderr)
+        return 2
     shutil.rmtree(STATE, ignore_errors=True)
     (STATE / "dagster_home").mkdir(parents=True)
-    with ApacheKafkaBroker(STATE / "broker") as broker:
-        published = publish_sample(broker.bootstrap_servers)
-        print(f"local broker on {broker.bootstrap_servers}; published {published}")
-        env = {**os.environ, "CDC_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
-               "CDC_DELTA_ROOT": str(STATE / "delta"), "DAGSTER_HOME": str(STATE / "dagster_home")}
-        env.pop("CDC_ASSETS_CONFIG", None)
-        run = subprocess.run([str(Path(sys.executable).parent / "dagster"), "job", "execute", "-m",
-                              "cdc_assets.definitions", "-j", "cdc_merge_job"], env=env, cwd=ROOT,
-                             capture_output=True, text=True)
-        if run.returncode != 0:
-            print(run.stdout[-5000:], run.stderr[-5000:], sep="\n")
-            print("cdc_merge_job failed", file=sys.stderr)
-            return 1
-        os.environ.update(CDC_KAFKA_BOOTSTRAP_SERVERS=broker.bootstrap_servers, CDC_DELTA_ROOT=str(STATE / "delta"))
-        print(f"\ncdc_merge_job succeeded\n{'table':<36} {'rows':>5} {'version':>8}  path")
-        for table in resolve_tables(load_config()):
-            delta = DeltaTable(table.target.path)
-            print(f"{table.topic:<36} {delta.count():>5} {delta.version():>8}  {table.target.path}")
+    (STATE / "dagster_home" / "dagster.yaml").write_text(DAGSTER_YAML)
+    # Ctrl-C (even when started with SIGINT ignored, as in the background) and SIGTERM stop all it started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: _interrupt())
+    servers_before = {state["pid"] for _, state in running_servers(this_checkout=True)}
+    try:
+        with ApacheKafkaBroker(STATE / "broker", broker_port if port_free(broker_port) else free_port()) as broker:
+            published = publish_sample(broker.bootstrap_servers)
+            print(f"local broker on {broker.bootstrap_servers}; published {published}", flush=True)
+            env = demo_env(broker.bootstrap_servers)
+            if not run_merge_job(env):
+                return 1
+            print("cdc_merge_job succeeded")
+            print_tables(env)
+            if ui:
+                with _recorded(broker):
+                    serve_ui(env, ui_port)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if ui:  # the demo's runs started this checkout's Spark server: it goes with the rest
+            stop_servers([(path, state) for path, state in running_servers(this_checkout=True)
+                          if state["pid"] not in servers_before])
     return 0
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+def _running_demo() -> dict | None:
+    """What the running ``--ui`` demo recorded (None: none runs, or one was killed and its broker is gone)."""
+    try:
+        running = json.loads(RUNNING.read_text())
+    except (OSError, ValueError):
+        return None
+    host, _, port = running["bootstrap_servers"].rpartition(":")
+    with socket.socket() as sock:
+        return running if sock.connect_ex((host, int(port))) == 0 else None
+
+
+def make_changes(merge: bool) -> int:
+    """Publish the next round of changes to the broker of the running ``--ui`` demo; merge them if ``merge``."""
+    running = _running_demo()
+    if running is None:
+        print("no demo is running: start one with `scripts/demo --ui` (in another terminal)", file=sys.stderr)
+        return 2
+    running["rounds"] += 1
+    published = publish_changes(running["bootstrap_servers"], running["rounds"])
+    RUNNING.write_text(json.dumps(running))
+    print(f"change round {running['rounds']}: published {published} to {running['bootstrap_servers']}")
+    if not merge:
+        print('now "Materialize all" in the UI (or: scripts/demo --changes --merge next time)')
+        return 0
+    env = demo_env(running["bootstrap_servers"])
+    if not run_merge_job(env):
+        return 1
+    print("cdc_merge_job succeeded")
+    print_tables(env)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ui", action="store_true", help="then run the Dagster UI on the demo until Ctrl-C")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("CDC_DEMO_UI_PORT") or 3000),
+                        help="the UI's port (default $CDC_DEMO_UI_PORT or 3000)")
+    parser.add_argument("--broker-port", type=int, default=int(os.environ.get("CDC_DEMO_BROKER_PORT") or 9092),
+                        help="the broker's port if free (default $CDC_DEMO_BROKER_PORT or 9092, the demo "
+                             "config's default), else any")
+    parser.add_argument("--changes", action="store_true",
+                        help="publish a round of changes to the running --ui demo's broker")
+    parser.add_argument("--merge", action="store_true", help="with --changes: run cdc_merge_job on them")
+    args = parser.parse_args(argv)
+    if args.changes:
+        return make_changes(args.merge)
+    return run_demo(args.ui, args.port, args.broker_port)
 
 
 if __name__ == "__main__":

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dagster import (
     AssetCheckKey,
+    AssetKey,
     AssetSelection,
+    DagsterInstance,
     DefaultScheduleStatus,
+    RunRequest,
     ScheduleDefinition,
+    ScheduleEvaluationContext,
+    SkipReason,
     define_asset_job,
     in_process_executor,
+    schedule,
 )
 
+from cdc_assets.catalog import CapturedTable
+from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import MergeScheduleConfig, PipelineConfig
-from cdc_assets.translator import STATUS_TAG
+from cdc_assets.io.freshness import TopicProbe
+from cdc_assets.translator import STATUS_TAG, CdcTranslator
 
 if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export its name
     from dagster import JobDefinition
@@ -39,12 +49,58 @@ def build_merge_job(scheduled_checks: Sequence[AssetCheckKey]) -> UnresolvedAsse
     )
 
 
-def build_merge_schedules(config: PipelineConfig, job: UnresolvedAssetJobDefinition) -> list[ScheduleDefinition]:
-    """The merge schedule of ``job`` from the config (none if the config has no ``merge_schedule``)."""
-    schedule = config.merge_schedule
-    if schedule is None:
+def build_merge_schedules(config: PipelineConfig, job: UnresolvedAssetJobDefinition,
+                          tables: Sequence[CapturedTable], kafka_settings: Mapping[str, Any],
+                          translator: CdcTranslator | None = None) -> list[ScheduleDefinition]:
+    """The merge schedule of ``job`` from the config (none if the config has no ``merge_schedule``): each tick
+    requests a run of the live ``tables`` with new events in their topics (``pending_tables``), and no run
+    when there are none, so quiet tables cost a tick nothing but one look at their topics' end offsets."""
+    settings = config.merge_schedule
+    if settings is None:
         return []
-    return [configured_schedule("cdc_merge_schedule", job, schedule)]
+    translator = translator or CdcTranslator()
+    live = {translator.get_asset_key(table): table for table in tables if not table.retired}
+
+    @schedule(name="cdc_merge_schedule", job=job, cron_schedule=settings.cron,
+              execution_timezone=settings.timezone,
+              default_status=DefaultScheduleStatus.RUNNING if settings.running else DefaultScheduleStatus.STOPPED,
+              description="Merges the tables whose topics hold events their last merge did not apply; "
+                          "no run when every table is caught up")
+    def cdc_merge_schedule(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
+        with TopicProbe(kafka_settings) as probe:
+            pending = pending_tables(live, context.instance, probe)
+        if not pending:
+            return SkipReason(f"all {len(live)} tables are caught up: no new events in their topics")
+        return RunRequest(asset_selection=list(pending), asset_check_keys=merge_run_checks(pending),
+                          tags={"cdc_assets/pending_tables": str(len(pending))})
+
+    return [cdc_merge_schedule]
+
+
+def pending_tables(tables: Mapping[AssetKey, CapturedTable], instance: DagsterInstance, probe: TopicProbe
+                   ) -> dict[AssetKey, CapturedTable]:
+    """The ``tables`` whose topics end past the offsets their latest materialization recorded (or that have
+    none): one event-log query and one look at every topic's end offsets, no Delta read.
+
+    The materialization records the offsets its Delta commit made; a table is skipped only when its topic
+    ends exactly there. A table whose Delta table went back (a RESTORE) waits for its next event; one whose
+    merge failed, or whose topic is missing, is requested again (the run then says why)."""
+    latest = instance.get_latest_materialization_events(tables)
+    ends = probe.end_offsets(table.topic for table in tables.values())
+    return {key: table for key, table in tables.items()
+            if _recorded_ends(latest.get(key)) != ends.get(table.topic, {}) or table.topic not in ends}
+
+
+def _recorded_ends(entry: Any) -> dict[int, int] | None:
+    """The end offsets per partition a materialization's ``offsets`` metadata recorded, or None."""
+    materialization = entry.asset_materialization if entry is not None else None
+    offsets = materialization.metadata.get("offsets") if materialization is not None else None
+    if offsets is None:
+        return None
+    recorded = offsets.value if hasattr(offsets, "value") else offsets
+    if isinstance(recorded, str):
+        recorded = json.loads(recorded)
+    return {int(partition): int(span["to"]) for partition, span in recorded.items()}
 
 
 def configured_schedule(name: str, job: JobDefinition | UnresolvedAssetJobDefinition,

@@ -26,6 +26,7 @@ from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, disconnect, 
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
 from tests.connect import ConnectWorker
 from tests.mariadb import MariaDBServer
+from tests.objectstore import ObjectStore
 from tests.postgres import PostgresServer
 
 # Copies of ../shared/data/debezium-captures (real Debezium events, Apache License 2.0; see their README).
@@ -161,3 +162,12 @@ def read_rows(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, vi
             row = {k: v for k, v in row.items() if not k.startswith("_cdc_")}
         result[tuple(row[k] for k in keys)] = row
     return result
+
+
+@pytest.fixture(scope="session")
+def object_store() -> Iterator[ObjectStore]:
+    """A private S3-API server (moto) for the session, its keys in the environment variables that its
+    ``storage_options()`` name (runs and the local Spark server inherit them); give each test its own bucket."""
+    with ObjectStore() as store:
+        store.export_keys()
+        yield store

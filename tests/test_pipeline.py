@@ -484,3 +484,61 @@ def test_a_truncate_follows_the_table_s_policy_and_never_loses_rows_silently(spa
         assert [(t.partition, t.offset) for t in report.summary.truncates] == [(0, 2)]
         assert writer.read_progress(table.target, table.app_id).offsets == {0: 3}
     assert sorted(read_rows(spark, writer, table)) == [(1,), (2,)]
+
+
+def _truncate_world_event(key, op, lsn, v=None):
+    """A change of row ``key`` at ``lsn`` (op c, u or d), as the PostgreSQL connector writes it."""
+    source = postgres_source(lsn, 1_700_000_000_000 + lsn, "public", "t")
+    before = {"id": key, "v": None} if op == "d" else None
+    after = None if op == "d" else {"id": key, "v": v if v is not None else f"v{key}@{lsn}"}
+    return encode_key({"id": key}), envelope(op, before, after, source, lsn)
+
+
+@pytest.mark.parametrize("apply_mode", ["scd1", "soft_delete", "scd2"])
+def test_an_applied_truncate_removes_the_rows_from_before_it_and_nothing_after(spark, broker, writer, tmp_path,
+                                                                               apply_mode):
+    """on_truncate: apply. The TRUNCATE (lsn 10) reaches partition 0, after partition 1's changes from after it
+    were applied (key 2 inserted again at lsn 12) and before one from before it is read (lsn 8): the table ends
+    as the source, rows from before it removed (soft_delete: marked deleted at its position; scd2: every version
+    that lived past it ends there)."""
+    topic = new_topic(broker, "dbserver1.public.truncapplied", partitions=2)
+    table = captured_table(topic, tmp_path, on_truncate="apply", apply_mode=apply_mode)
+    produce(broker, topic, [_truncate_world_event(k, "c", k) for k in (1, 3, 4)], partition=0)
+    produce(broker, topic, [_truncate_world_event(k, "c", k) for k in (2, 7)], partition=1)
+    run_batch(spark, broker, writer, table)
+    produce(broker, topic, [_truncate_world_event(2, "c", 12, "again"), _truncate_world_event(6, "c", 13)],
+            partition=1)
+    run_batch(spark, broker, writer, table)  # from after the TRUNCATE, read before it
+    produce(broker, topic, [_truncate_world_event(3, "u", 9), truncate_event(10), _truncate_world_event(5, "c", 11)],
+            partition=0)
+    produce(broker, topic, [_truncate_world_event(6, "u", 14, "six")], partition=1)
+    report = run_batch(spark, broker, writer, table)
+    assert len(report.summary.truncates) == 1 and report.summary.before_truncate == 1
+    assert report.events_read == 4
+    # Late: a change from before the TRUNCATE read after it never revives its row.
+    produce(broker, topic, [_truncate_world_event(7, "u", 8, "late"), _truncate_world_event(8, "c", 15)],
+            partition=1)
+    late = run_batch(spark, broker, writer, table)
+    assert late.summary.before_truncate == 1 and not late.summary.truncates
+    expected = {(2,): "again", (5,): "v5@11", (6,): "six", (8,): "v8@15"}
+    rows = read_rows(spark, writer, table, visible_only=False)
+    truncated_at = writer.read_progress(table.target, table.app_id).truncated_at
+    assert truncated_at == report.summary.truncates[0].position
+    if apply_mode == "scd1":
+        assert {key: row["v"] for key, row in rows.items()} == expected
+    elif apply_mode == "soft_delete":
+        assert {key: row["v"] for key, row in rows.items() if not row["_cdc_deleted"]} == expected
+        gone = {key: row for key, row in rows.items() if row["_cdc_deleted"]}
+        assert sorted(gone) == [(1,), (3,), (4,), (7,)]
+        assert {row["_cdc_position"] for row in gone.values()} == {truncated_at}
+        assert {row["_cdc_source_ts"].replace(tzinfo=None) for row in gone.values()} == {
+            report.summary.truncates[0].source_ts.replace(tzinfo=None)}
+    else:
+        from deltalake import DeltaTable
+        versions = (DeltaTable(table.target.path).to_pyarrow_table().to_pylist() if writer.name == "delta-rs" else
+                    [r.asDict() for r in spark.read.format("delta").load(table.target.path).collect()])
+        current = {(v["id"],): v["v"] for v in versions if v["_cdc_current"]}
+        assert current == expected
+        ended = sorted((v["id"], v["_cdc_valid_to"]) for v in versions if v["_cdc_valid_from"] < truncated_at)
+        assert ended == [(k, truncated_at) for k in (1, 2, 3, 4, 7)]
+        assert len(versions) == 5 + 5  # 1, 2, 3, 4, 7 before the TRUNCATE; 2, 6 (twice), 5, 8 after it

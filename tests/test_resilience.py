@@ -42,7 +42,7 @@ def test_broker_down_fails_clearly_moves_nothing_and_resumes_exactly(spark, writ
         # The next run (a new consumer, as each Dagster run has) finds the broker down.
         source = KafkaSource({"bootstrap.servers": f"127.0.0.1:{port}", "group.id": "outage"}, retries=2,
                              backoff_s=0.2)
-        with pytest.raises(SourceError, match=rf"on Kafka at 127\.0\.0\.1:{port} failed after 3 attempt"):
+        with pytest.raises(SourceError, match=rf"cannot reach Kafka at 127\.0\.0\.1:{port}"):
             merge_micro_batch(spark, source, writer, table, limits)
         assert writer.read_progress(table.target, table.app_id) == before
         source.close()

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import ClassVar, Literal
 
 import pyarrow as pa
@@ -46,6 +47,7 @@ from cdc_assets.core.layout import (
     ChangeEventLayout,
 )
 from cdc_assets.core.mongodb import ORPHAN_COLUMN, ORPHAN_REASON, fold_documents
+from cdc_assets.core.truncation import Truncation
 
 ApplyModeName = Literal["scd1", "soft_delete", "scd2"]
 
@@ -69,11 +71,13 @@ class Clause:
 
 @dataclass(frozen=True)
 class MergePlan:
-    """A MERGE with quoted identifiers: its ON condition, WHEN MATCHED and WHEN NOT MATCHED clauses in order."""
+    """A MERGE with quoted identifiers: its ON condition, WHEN MATCHED, WHEN NOT MATCHED and WHEN NOT MATCHED BY
+    SOURCE clauses in order."""
 
     condition: str
     matched: list[Clause]
     not_matched: list[Clause]
+    not_matched_by_source: list[Clause] = field(default_factory=list)
 
 
 class ApplyMode(ABC):
@@ -105,8 +109,11 @@ class ApplyMode(ABC):
         return rows
 
     @abstractmethod
-    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote) -> MergePlan:
-        """The MERGE of rows with ``columns`` into the table, identifiers quoted by ``quote``."""
+    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote,
+                   truncation: Truncation | None = None) -> MergePlan:
+        """The MERGE of rows with ``columns`` into the table, identifiers quoted by ``quote``; with
+        ``truncation``, it also removes the table's rows from before that TRUNCATE (``core.truncation``),
+        whose batch rows all come after it."""
 
 
 def _key_condition(key_columns: Sequence[str], quote: Quote) -> str:
@@ -116,16 +123,37 @@ def _key_condition(key_columns: Sequence[str], quote: Quote) -> str:
 _NEWER = f"s.{POSITION_COLUMN} > t.{POSITION_COLUMN}"
 
 
+def _text(value: str) -> str:
+    """A SQL string literal (both writers' dialects)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _moment(value: datetime | None) -> str:
+    """A SQL timestamp literal in UTC (both writers' dialects), or NULL."""
+    if value is None:
+        return "NULL"
+    utc = value.astimezone(timezone.utc) if value.tzinfo is not None else value
+    return f"CAST({_text(utc.strftime('%Y-%m-%dT%H:%M:%S.%fZ'))} AS TIMESTAMP)"
+
+
+def _before(column: str, truncation: Truncation) -> str:
+    """The target rows a TRUNCATE removes: changed before it."""
+    return f"t.{column} < {_text(truncation.position)}"
+
+
 class Scd1(ApplyMode):
     """One row per live key: a newer delete removes the row, a newer change replaces it, an absent
     key is inserted."""
 
     name = "scd1"
 
-    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote) -> MergePlan:
+    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote,
+                   truncation: Truncation | None = None) -> MergePlan:
+        # A batch key's row from before the TRUNCATE is replaced by the batch's newer row, or deleted.
+        truncated = [Clause("delete", _before(POSITION_COLUMN, truncation))] if truncation else []
         return MergePlan(_key_condition(key_columns, quote),
                          [Clause("delete", f"s.{OP_COLUMN} = 'd' AND {_NEWER}"), Clause("update", _NEWER)],
-                         [Clause("insert", f"s.{OP_COLUMN} <> 'd'")])
+                         [Clause("insert", f"s.{OP_COLUMN} <> 'd'")], truncated)
 
 
 class SoftDelete(ApplyMode):
@@ -138,12 +166,21 @@ class SoftDelete(ApplyMode):
     def _finish(self, rows: pa.Table) -> pa.Table:
         return rows.append_column(DELETED_COLUMN, pc.equal(rows[OP_COLUMN], "d"))
 
-    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote) -> MergePlan:
+    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote,
+                   truncation: Truncation | None = None) -> MergePlan:
         marks = {quote(name): f"s.{quote(name)}" for name in (DELETED_COLUMN, OP_COLUMN, POSITION_COLUMN,
                                                                 SOURCE_TS_COLUMN)}
+        truncated = []
+        if truncation is not None:
+            # Marked deleted at the TRUNCATE's position, so that no change from before it can revive the row.
+            ended = {quote(DELETED_COLUMN): "true", quote(OP_COLUMN): "'d'",
+                     quote(POSITION_COLUMN): _text(truncation.position),
+                     quote(SOURCE_TS_COLUMN): _moment(truncation.source_ts)}
+            truncated = [Clause("update", f"{_before(POSITION_COLUMN, truncation)} AND NOT "
+                                          f"coalesce(t.{quote(DELETED_COLUMN)}, false)", ended)]
         return MergePlan(_key_condition(key_columns, quote),
                          [Clause("update", f"s.{OP_COLUMN} = 'd' AND {_NEWER}", marks), Clause("update", _NEWER)],
-                         [Clause("insert")])
+                         [Clause("insert")], truncated)
 
 
 class Scd2(ApplyMode):
@@ -183,16 +220,27 @@ class Scd2(ApplyMode):
         finally:
             decoded.unpersist()
 
-    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote) -> MergePlan:
+    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote,
+                   truncation: Truncation | None = None) -> MergePlan:
         keys = _key_condition(key_columns, quote)
         condition = (f"{keys} AND ((s.{KIND_COLUMN} = 'version' AND t.{VALID_FROM_COLUMN} = s.{VALID_FROM_COLUMN}) "
                      f"OR (s.{KIND_COLUMN} = 'close' AND t.{CURRENT_COLUMN} "
                      f"AND t.{VALID_FROM_COLUMN} < s.{CLOSE_AT_COLUMN}))")
         close = {VALID_TO_COLUMN: f"s.{CLOSE_AT_COLUMN}", VALID_TO_TS_COLUMN: f"s.{CLOSE_TS_COLUMN}",
                  CURRENT_COLUMN: "false"}
+        truncated = []
+        if truncation is not None:
+            # A version that lived past the TRUNCATE ends there: the batch's keys' current ones as the others',
+            # and one an earlier batch ended later (a change from after the TRUNCATE, read before it).
+            ended = _before(VALID_FROM_COLUMN, truncation)
+            at, ts = _text(truncation.position), _moment(truncation.source_ts)
+            close = {**close, VALID_TO_COLUMN: f"CASE WHEN {ended} THEN {at} ELSE s.{CLOSE_AT_COLUMN} END",
+                     VALID_TO_TS_COLUMN: f"CASE WHEN {ended} THEN {ts} ELSE s.{CLOSE_TS_COLUMN} END"}
+            truncated = [Clause("update", f"{ended} AND (t.{CURRENT_COLUMN} OR t.{VALID_TO_COLUMN} > {at})",
+                                {VALID_TO_COLUMN: at, VALID_TO_TS_COLUMN: ts, CURRENT_COLUMN: "false"})]
         every_column = {quote(name): f"s.{quote(name)}" for name in columns if not name.startswith(HELPER_PREFIX)}
         return MergePlan(condition, [Clause("update", f"s.{KIND_COLUMN} = 'close'", close)],
-                         [Clause("insert", f"s.{KIND_COLUMN} = 'version'", every_column)])
+                         [Clause("insert", f"s.{KIND_COLUMN} = 'version'", every_column)], truncated)
 
 
 class Documents(ApplyMode):
@@ -232,8 +280,9 @@ class Documents(ApplyMode):
     def _finish(self, rows: pa.Table) -> pa.Table:
         return self.base._finish(rows)
 
-    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote) -> MergePlan:
-        return self.base.merge_plan(key_columns, columns, quote)
+    def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote,
+                   truncation: Truncation | None = None) -> MergePlan:
+        return self.base.merge_plan(key_columns, columns, quote, truncation)
 
 
 _MODES: dict[str, ApplyMode] = {mode.name: mode for mode in (Scd1(), SoftDelete(), Scd2())}

@@ -11,7 +11,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 def to_arrow(frame: DataFrame) -> pa.Table:
     """``frame.toArrow()``. On Spark Connect, pyspark's own first asks the server for the frame's schema,
     a request that analyzes the plan once more before the execution analyzes it again: a fifth to a third
-    of a small batch's query (docs/performance.md, W2). The execution's reply carries the schema; it is used."""
+    of a small batch's query (W2, in performance.md's git log). The execution's reply carries the schema; it is used."""
     if not isinstance(frame, ConnectFrame):
         return frame.toArrow()
     table, schema = frame._to_table()

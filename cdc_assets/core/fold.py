@@ -45,7 +45,8 @@ _N_BAD = "_n_bad"
 _N_TRUNCATE = "_n_truncate"
 _MAX_TS = "_max_source_ts"
 _MAX_INCREMENTAL_TS = "_max_incremental_read_ts"
-STAT_COLUMNS = (*_COUNTS, _N_INCREMENTAL, _N_TRUNCATE, _N_BAD, _MAX_TS, _MAX_INCREMENTAL_TS)
+_FIRST_POSITION = "_first_position"
+STAT_COLUMNS = (*_COUNTS, _N_INCREMENTAL, _N_TRUNCATE, _N_BAD, _MAX_TS, _MAX_INCREMENTAL_TS, _FIRST_POSITION)
 
 
 def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
@@ -88,6 +89,7 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
         F.count_if(~good).alias(_N_BAD),
         F.max(F.when(good, F.col(SOURCE_TS_COLUMN))).alias(_MAX_TS),
         F.max(F.when(incremental, F.col(SOURCE_TS_COLUMN))).alias(_MAX_INCREMENTAL_TS),
+        F.min(F.when(good & ~truncate, F.col(POSITION_COLUMN))).alias(_FIRST_POSITION),
     )
     latest = F.col("_latest")
     values = {name: latest[name] for name in carried}
@@ -123,6 +125,16 @@ class BadEvent:
     reason: str
 
 
+@dataclass(frozen=True, order=True)
+class TruncateEvent:
+    """A TRUNCATE of the table at the source: its Kafka coordinates, source position and time."""
+
+    offset: int
+    partition: int
+    position: str
+    source_ts: datetime | None = None
+
+
 @dataclass(frozen=True)
 class BatchSummary:
     """What a batch of decoded events held; ``bad_events`` ordered by offset."""
@@ -141,7 +153,10 @@ class BatchSummary:
     # column: kept from the table's row, or null where the table had none (the row was never captured).
     unavailable_kept: int = 0
     unavailable_never_seen: int = 0
-    truncates: tuple[BadEvent, ...] = ()  # TRUNCATE events (reason: the table's name), ordered by offset
+    truncates: tuple[TruncateEvent, ...] = ()  # ordered by offset
+    first_position: str | None = None  # the earliest position of the batch's good row events
+    # Good events that a TRUNCATE after them wiped out at the source (``on_truncate: apply``): read, not applied.
+    before_truncate: int = 0
 
 
 def _median_timestamp(values: pa.ChunkedArray) -> datetime | None:
@@ -159,12 +174,12 @@ def bad_events(events: DataFrame) -> tuple[BadEvent, ...]:
     return tuple(sorted(BadEvent(*row) for row in rows.collect()))
 
 
-def truncate_events(events: DataFrame) -> tuple[BadEvent, ...]:
+def truncate_events(events: DataFrame) -> tuple[TruncateEvent, ...]:
     """The TRUNCATE events of decoded ``events``, ordered by offset: a second pass, taken only when the
     fold counted some."""
     rows = events.where(F.col(ERROR_COLUMN).isNull() & (F.col(OP_COLUMN) == TRUNCATE_OP)).select(
-        OFFSET_COLUMN, PARTITION_COLUMN)
-    return tuple(sorted(BadEvent(offset, partition, "TRUNCATE") for offset, partition in rows.collect()))
+        OFFSET_COLUMN, PARTITION_COLUMN, POSITION_COLUMN, SOURCE_TS_COLUMN)
+    return tuple(sorted(TruncateEvent(*row) for row in rows.collect()))
 
 
 def fold_batch(events: DataFrame, layout: ChangeEventLayout) -> tuple[pa.Table, BatchSummary]:
@@ -189,6 +204,7 @@ def fold_batch(events: DataFrame, layout: ChangeEventLayout) -> tuple[pa.Table, 
         median_key_source_ts=_median_timestamp(folded[_MAX_TS]),
         bad_events=bad,
         truncates=truncates,
+        first_position=pc.min(folded[_FIRST_POSITION]).as_py() if folded.num_rows else None,
     )
     rows = folded.filter(pc.is_valid(folded[OP_COLUMN])).drop_columns(list(STAT_COLUMNS))
     return rows, summary

@@ -2,10 +2,13 @@
 
 Runs the ``org.apache.kafka`` jars that ``scripts/setup`` puts in ``<venv>/share/cdc-assets/kafka``
 (``KAFKA_LIBS``) on 127.0.0.1, on a free port with a fresh log dir, and stops with the context.
+
+    python -m cdc_assets.demo.broker [--port 9092] [--data-dir DIR]   # runs until Ctrl-C
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import ctypes
 import os
@@ -81,6 +84,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_free(port: int) -> bool:
+    """Whether ``port`` on 127.0.0.1 can be bound right now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _java() -> str:
     java_home = os.environ.get("JAVA_HOME")
     found = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
@@ -127,6 +140,11 @@ class ApacheKafkaBroker:
     def pid(self) -> int | None:
         """Process id of the broker's JVM, while it runs."""
         return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker's JVM runs."""
+        return self._process is not None and self._process.poll() is None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -203,3 +221,34 @@ class ApacheKafkaBroker:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a broker in the foreground until Ctrl-C (or SIGTERM); its topics stay in ``--data-dir``."""
+    parser = argparse.ArgumentParser(description="A local single-node Apache Kafka on 127.0.0.1, until Ctrl-C.")
+    parser.add_argument("--port", type=int, default=9092, help="its port (default 9092, the demo config's default)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="keeps its topics between starts (default: a temporary dir, removed on exit)")
+    args = parser.parse_args(argv)
+    if not port_free(args.port):
+        print(f"port {args.port} on 127.0.0.1 is taken (another broker?): pass --port", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a controlled stop, as Ctrl-C
+    # Ctrl-C stops it even when started in the background of a shell, which leaves SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with ApacheKafkaBroker(args.data_dir, args.port) as broker:
+        print(f"Apache Kafka on {broker.bootstrap_servers} (data {broker.data_dir}); Ctrl-C stops it.\n"
+              f"  export CDC_KAFKA_BOOTSTRAP_SERVERS={broker.bootstrap_servers}", flush=True)
+        try:
+            while broker.running:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+        if not broker.running:
+            print(f"Apache Kafka exited; see {broker.data_dir}/broker.log", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

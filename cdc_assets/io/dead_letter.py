@@ -18,6 +18,7 @@ from deltalake import DeltaTable, write_deltalake
 from cdc_assets.core.envelope import explain_bad_value
 from cdc_assets.core.fold import BadEvent
 from cdc_assets.io.delta import DeltaTarget
+from cdc_assets.io.storage import delta_rs_options
 
 DEAD_LETTER_SCHEMA = pa.schema([
     ("topic", pa.string()),
@@ -63,7 +64,7 @@ _WRITING = threading.Lock()
 
 def write_dead_letters(target: DeltaTarget, rows: pa.Table) -> None:
     """Add ``rows`` to the dead-letter table (created on first use); rows already there are kept."""
-    options = dict(target.storage_options)
+    options = delta_rs_options(target.storage_options)
     with _WRITING:
         if not DeltaTable.is_deltatable(target.path, storage_options=options):
             write_deltalake(target.path, rows.slice(0, 0), storage_options=options)

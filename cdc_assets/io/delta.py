@@ -39,7 +39,9 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from cdc_assets.core.apply_modes import HELPER_PREFIX, ApplyMode, Clause, MergePlan
 from cdc_assets.core.arrow import to_arrow
 from cdc_assets.core.layout import CURRENT_COLUMN, POSITION_COLUMN
+from cdc_assets.core.truncation import Truncation
 from cdc_assets.io.spark import has_delta, is_local
+from cdc_assets.io.storage import delta_rs_options, spark_path
 
 METADATA_KEY = "cdc_assets"
 _HISTORY_WINDOW = 100
@@ -67,6 +69,7 @@ class CommitRequest:
     offsets: Mapping[int, int]
     key_columns: tuple[str, ...] = ()
     transactions: Mapping[str, object] | None = None  # transaction-consistent tables: see io.transactions
+    truncated_at: str | None = None  # the table's truncation mark (``core.truncation``), carried from commit to commit
 
     def applied_by(self, recorded_version: int | None) -> bool:
         """Whether a table whose app transaction is at ``recorded_version`` already holds this commit:
@@ -79,6 +82,8 @@ class CommitRequest:
                                       "key_columns": list(self.key_columns)}
         if self.transactions is not None:
             payload["transactions"] = dict(self.transactions)
+        if self.truncated_at is not None:
+            payload["truncated_at"] = self.truncated_at
         return json.dumps({METADATA_KEY: payload}, sort_keys=True)
 
 
@@ -91,6 +96,7 @@ class TableProgress:
     delta_version: int
     key_columns: tuple[str, ...] = ()
     transactions: Mapping[str, object] | None = None
+    truncated_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,9 +144,10 @@ class DeltaWriter(Protocol):
         ...
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
-              commit: CommitRequest, mode: ApplyMode) -> MergeOutcome:
+              commit: CommitRequest, mode: ApplyMode, truncation: Truncation | None = None) -> MergeOutcome:
         """Create the table if needed and MERGE the folded rows per the apply mode (``mode.merge_plan``),
-        with ``commit`` in the same commit."""
+        with ``commit`` in the same commit; with ``truncation``, the MERGE also removes the rows from before
+        that TRUNCATE."""
         ...
 
     def commit_progress(self, target: DeltaTarget, commit: CommitRequest) -> MergeOutcome:
@@ -179,7 +186,7 @@ class DeltaWriter(Protocol):
 
 def open_table(target: DeltaTarget) -> DeltaTable | None:
     """The Delta table at ``target`` (delta-rs), or None where there is none yet."""
-    options = dict(target.storage_options)
+    options = delta_rs_options(target.storage_options)
     if not DeltaTable.is_deltatable(target.path, storage_options=options):
         return None
     return DeltaTable(target.path, storage_options=options)
@@ -203,6 +210,7 @@ def progress_from_history(history: Sequence[Mapping[str, object]], app_id: str) 
                 delta_version=int(str(entry["version"])),
                 key_columns=tuple(recorded.get("key_columns") or ()),
                 transactions=recorded.get("transactions"),
+                truncated_at=recorded.get("truncated_at"),
             )
     return None
 
@@ -277,19 +285,19 @@ class DeltaRsWriter:
         return progress
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
-              commit: CommitRequest, mode: ApplyMode) -> MergeOutcome:
+              commit: CommitRequest, mode: ApplyMode, truncation: Truncation | None = None) -> MergeOutcome:
         table = open_table(target)
         if table is None:
             # mode="ignore": a concurrent run may create the table first.
             table = DeltaTable.create(target.path, schema=table_schema_of(rows), mode="ignore",
-                                      storage_options=dict(target.storage_options))
+                                      storage_options=delta_rs_options(target.storage_options))
         if self._already_applied(table, commit):
             return MergeOutcome(delta_version=table.version(), already_applied=True)
         if not mode.evolves_schema and self.ensure_columns(target, table_schema_of(rows), {}):
             table = open_table(target)
             assert table is not None
         before = table.version()
-        plan = mode.merge_plan(key_columns, rows.column_names, quote_datafusion)
+        plan = mode.merge_plan(key_columns, rows.column_names, quote_datafusion, truncation)
         with _concurrent_commit_guard(target, commit):
             metrics = self._merge(table, rows, plan, mode.evolves_schema, commit)
         table.update_incremental()
@@ -319,6 +327,12 @@ class DeltaRsWriter:
                 merger = merger.when_not_matched_insert_all(predicate=clause.predicate)
             else:
                 merger = merger.when_not_matched_insert(dict(clause.assignments), predicate=clause.predicate)
+        for clause in plan.not_matched_by_source:
+            if clause.action == "delete":
+                merger = merger.when_not_matched_by_source_delete(predicate=clause.predicate)
+            else:
+                assert clause.assignments is not None  # a target-only row has no source row to take every column from
+                merger = merger.when_not_matched_by_source_update(dict(clause.assignments), predicate=clause.predicate)
         return merger.execute()
 
     def commit_progress(self, target: DeltaTarget, commit: CommitRequest) -> MergeOutcome:
@@ -360,7 +374,8 @@ class DeltaRsWriter:
         table = open_table(target)
         if table is None:
             # Properties set after: create's configuration refuses keys outside Delta's own (delta-rs 1.6).
-            table = DeltaTable.create(target.path, schema=schema, storage_options=dict(target.storage_options))
+            table = DeltaTable.create(target.path, schema=schema,
+                                      storage_options=delta_rs_options(target.storage_options))
             added = list(schema.names)
         else:
             present = set(pa.schema(table.schema().to_arrow()).names)
@@ -385,7 +400,7 @@ class DeltaRsWriter:
         if table is None:
             raise DeltaWriterError(f"{source.path}: no Delta table to copy")
         rows = table.to_pyarrow_table()
-        write_deltalake(target.path, rows, mode="error", storage_options=dict(target.storage_options))
+        write_deltalake(target.path, rows, mode="error", storage_options=delta_rs_options(target.storage_options))
         return rows.num_rows
 
     def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
@@ -433,7 +448,7 @@ class DeltaSparkWriter:
         self._deletion_vectors = deletion_vectors
 
     def _table_ref(self, target: DeltaTarget) -> str:
-        return f"delta.{quote_spark(target.path)}"
+        return f"delta.{quote_spark(spark_path(target.path))}"
 
     def _history(self, target: DeltaTarget, limit: int | None) -> list[dict[str, object]] | None:
         suffix = f" LIMIT {limit}" if limit else ""
@@ -449,7 +464,7 @@ class DeltaSparkWriter:
     def table_schema(self, target: DeltaTarget) -> T.StructType | None:
         if self._history(target, 1) is None:
             return None
-        return self._spark.read.format("delta").load(target.path).schema
+        return self._spark.read.format("delta").load(spark_path(target.path)).schema
 
     def read_progress(self, target: DeltaTarget, app_id: str) -> TableProgress | None:
         history = self._history(target, _HISTORY_WINDOW)
@@ -459,7 +474,7 @@ class DeltaSparkWriter:
             self._history(target, None) or [], app_id)
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
-              commit: CommitRequest, mode: ApplyMode) -> MergeOutcome:
+              commit: CommitRequest, mode: ApplyMode, truncation: Truncation | None = None) -> MergeOutcome:
         batch = self._spark.createDataFrame(rows)
         if self._history(target, 1) is None:
             self._create(target, table_schema_of(rows), {})
@@ -472,9 +487,10 @@ class DeltaSparkWriter:
         before = self._latest_version(target)
         view = f"cdc_batch_{abs(hash((target.path, commit.version)))}"
         batch.createOrReplaceTempView(view)
-        plan = mode.merge_plan(key_columns, rows.column_names, quote_spark)
+        plan = mode.merge_plan(key_columns, rows.column_names, quote_spark, truncation)
         clauses = [self._render("WHEN MATCHED", clause) for clause in plan.matched]
         clauses += [self._render("WHEN NOT MATCHED", clause) for clause in plan.not_matched]
+        clauses += [self._render("WHEN NOT MATCHED BY SOURCE", clause) for clause in plan.not_matched_by_source]
         try:
             with self._committing(commit, schema_evolution=mode.evolves_schema):
                 result = self._spark.sql(
@@ -507,7 +523,8 @@ class DeltaSparkWriter:
         if self._history(target, 1) is None:
             return None
         wanted = self._spark.createDataFrame(keys)
-        stored = self._spark.read.format("delta").load(target.path).join(wanted, keys.column_names, "left_semi")
+        stored = self._spark.read.format("delta").load(spark_path(target.path)).join(wanted, keys.column_names,
+                                                                                     "left_semi")
         return to_arrow(stored.select(*[quote_spark(name) for name in columns]))
 
     def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
@@ -516,7 +533,7 @@ class DeltaSparkWriter:
             self._create(target, schema, properties)
             return list(schema.names)
         wanted = from_arrow_schema(schema)
-        present = set(self._spark.read.format("delta").load(target.path).columns)
+        present = set(self._spark.read.format("delta").load(spark_path(target.path)).columns)
         missing = [field for field in wanted.fields if field.name not in present]
         if _needs_column_mapping(field.name for field in missing):
             self._map_columns_by_name(target)
@@ -538,10 +555,10 @@ class DeltaSparkWriter:
     def copy_table(self, source: DeltaTarget, target: DeltaTarget) -> int:
         if self._history(source, 1) is None:
             raise DeltaWriterError(f"{source.path}: no Delta table to copy")
-        rows = self._spark.read.format("delta").load(source.path)
+        rows = self._spark.read.format("delta").load(spark_path(source.path))
         self._create(target, to_arrow_schema(rows.schema, timezone="UTC"), {})
         self._spark.sql(f"INSERT INTO {self._table_ref(target)} SELECT * FROM {self._table_ref(source)}").collect()
-        return int(self._spark.read.format("delta").load(target.path).count())
+        return int(self._spark.read.format("delta").load(spark_path(target.path)).count())
 
     def _create(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> None:
         """Create the table with ``schema`` and ``properties`` unless it exists. In SQL: the Python
@@ -561,7 +578,7 @@ class DeltaSparkWriter:
 
         if self._history(target, 1) is None:
             return None
-        rows = self._spark.read.format("delta").load(target.path)
+        rows = self._spark.read.format("delta").load(spark_path(target.path))
         if CURRENT_COLUMN in rows.columns:
             rows = rows.where(F.col(CURRENT_COLUMN))
         keys = [F.col(quote_spark(name)) for name in key_columns]

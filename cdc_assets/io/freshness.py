@@ -12,16 +12,17 @@ beyond the offsets committed in Delta, since when, and whether the connector sti
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from cdc_assets.core.envelope import json_payload
-from cdc_assets.io.kafka_source import SourceError
+from cdc_assets.io.kafka_source import LIBRDKAFKA_LOGGER, SourceError
 
 HEARTBEAT_TOPIC_PREFIX = "__debezium-heartbeat."
+_LATEST = -1  # ListOffsets' timestamp for a partition's end (its high watermark)
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,8 @@ class TopicProbe:
     def _consumer(self) -> Consumer:
         """Made at the first look: a backfill tick with no empty table looks at no topic."""
         # A fetch at a partition's end waits at most 10 ms: the next table's requests queue behind it.
-        return Consumer({"fetch.wait.max.ms": 10, **self._settings, "enable.auto.commit": False,
+        return Consumer({"fetch.wait.max.ms": 10, "logger": LIBRDKAFKA_LOGGER, **self._settings,
+                         "enable.auto.commit": False,
                          "enable.partition.eof": False})
 
     def __enter__(self) -> TopicProbe:
@@ -114,6 +116,27 @@ class TopicProbe:
     def _watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=self._timeout_s)
         return low, high
+
+    def end_offsets(self, topics: Iterable[str]) -> dict[str, dict[int, int]]:
+        """Each of ``topics``' high watermarks per partition, from one metadata request and one offsets request
+        per broker for them all (a request per partition cost a round trip each: seconds at thousands of
+        tables). A topic that does not exist is left out."""
+        wanted = set(topics)
+        try:
+            metadata = self._consumer.list_topics(timeout=self._timeout_s).topics
+            partitions = [TopicPartition(topic, partition, _LATEST) for topic in sorted(wanted)
+                          if (found := metadata.get(topic)) is not None and found.error is None
+                          for partition in sorted(found.partitions)]
+            answered = self._consumer.offsets_for_times(partitions, timeout=self._timeout_s) if partitions else []
+        except KafkaException as exc:
+            raise SourceError(f"cannot read the end offsets of {len(wanted)} topics: {exc}") from exc
+        ends: dict[str, dict[int, int]] = {}
+        for answer in answered:
+            if answer.error is not None:
+                raise SourceError(f"cannot read the end offset of '{answer.topic}' partition {answer.partition}: "
+                                  f"{answer.error}")
+            ends.setdefault(answer.topic, {})[answer.partition] = answer.offset
+        return ends
 
     def retained_offsets(self, topic: str) -> dict[int, tuple[int, int]]:
         """Per partition of ``topic``: its earliest retained offset (above 0 once retention or a records

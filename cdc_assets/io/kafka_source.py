@@ -13,6 +13,9 @@ cannot fill a batch while the others wait.
 
 from __future__ import annotations
 
+import difflib
+import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 T = TypeVar("T")
@@ -29,8 +33,42 @@ RAW_SCHEMA = pa.schema(
 # Messages per consume call: the call holds the GIL while it makes them, and a batch read ahead must
 # not keep the thread applying the current batch waiting (docs/tuning.md).
 _CONSUME_CHUNK = 2_000
+# Errors of a source's first request that mean no broker is there (refused, unresolvable): not retried. A
+# timeout is retried: a broker busy starting up answers late.
+_UNREACHABLE = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE)
+# Where the address comes from, for the message that says it is wrong.
+_ADDRESS_HINT = ("set the address in the pipeline config's kafka.bootstrap_servers (the demo's config reads it from "
+                 "CDC_KAFKA_BOOTSTRAP_SERVERS)")
+
+
+class _Repeats(logging.Filter):
+    """Lets each librdkafka log line through once per ``window_s``: a client that cannot reach its broker
+    logs the same failure every few tens of milliseconds (what varies is the client's name and timings)."""
+
+    _VARYING = re.compile(r"rdkafka#\w+-\d+|\d+ms|\d+ identical error\(s\) suppressed")
+
+    def __init__(self, window_s: float = 300.0, remembered: int = 1000):
+        super().__init__()
+        self._window_s, self._remembered = window_s, remembered
+        self._last: dict[tuple[int, str], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, self._VARYING.sub("", record.getMessage()))
+        now = time.monotonic()
+        if now - self._last.get(key, -self._window_s) < self._window_s:
+            return False
+        if len(self._last) >= self._remembered:
+            self._last.clear()
+        self._last[key] = now
+        return True
+
+
+# librdkafka's log lines go through Python logging (each distinct line once per window), never raw to stderr.
+LIBRDKAFKA_LOGGER = logging.getLogger("cdc_assets.kafka.librdkafka")
+LIBRDKAFKA_LOGGER.addFilter(_Repeats())
 # The offsets that count are committed with the data: the consumer never commits or stores any itself.
 _CONSUMER_DEFAULTS = {
+    "logger": LIBRDKAFKA_LOGGER,
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     "auto.offset.reset": "earliest",
@@ -44,6 +82,10 @@ _CONSUMER_DEFAULTS = {
 
 class SourceError(RuntimeError):
     """The topic cannot be read as asked; the message names broker, topic and partition."""
+
+
+class UnknownTopicError(SourceError):
+    """The topic does not exist on the broker (not retried); the message lists the closest topics there."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +110,28 @@ class RawBatch:
         """The batch's coordinates and counts, its records let go: a run keeps what each of its
         batches read, and must not keep the records of every batch while it drains a backlog."""
         return replace(self, records=self.records.schema.empty_table())
+
+
+# Given a batch read, the end offsets its reader keeps it to (None: all of it): ``KafkaSource.read_batch``.
+Cut = Callable[[RawBatch], Mapping[int, int] | None]
+
+
+def _split(batch: RawBatch, ends: Mapping[int, int]) -> tuple[RawBatch, RawBatch]:
+    """``batch`` up to ``ends`` (each partition's offset its part stops before), and the records from there."""
+    records = batch.records
+    before = pc.less(records["partition"], 0)  # none
+    for partition, end in ends.items():
+        before = pc.or_(before, pc.and_(pc.equal(records["partition"], partition), pc.less(records["offset"], end)))
+    past = pc.invert(before)
+    # The records before the first one past the cut are all kept: sliced, not copied.
+    first = pc.index(past, True).as_py()
+    first = records.num_rows if first < 0 else first  # none past it: a cut over offsets no record holds
+    kept = pa.concat_tables([records.slice(0, first), records.slice(first).filter(before.slice(first))])
+    rest = records.filter(past)
+    size = sum(pc.sum(pc.binary_length(kept[name])).as_py() or 0 for name in ("key", "value"))
+    return (replace(batch, records=kept, end_offsets=dict(ends), records_read=kept.num_rows, bytes_read=size),
+            replace(batch, records=rest, start_offsets=dict(ends), records_read=rest.num_rows,
+                    bytes_read=batch.bytes_read - size, timings={}))
 
 
 class _Shares:
@@ -112,6 +176,19 @@ class _Shares:
             self._byte_share[partition] = self._bytes[partition] + size
         return list(below)
 
+    def carry(self, records: pa.Table) -> None:
+        """Count records the batch holds already (``RAW_SCHEMA``), each in its partition's share."""
+        sizes = pc.add(pc.fill_null(pc.binary_length(records["key"]), 0),
+                       pc.fill_null(pc.binary_length(records["value"]), 0))
+        for partition in pc.unique(records["partition"]).to_pylist():
+            mine = pc.equal(records["partition"], partition)
+            count, size = pc.sum(mine).as_py() or 0, pc.sum(pc.filter(sizes, mine)).as_py() or 0
+            self.count += count
+            self.size += size
+            if partition in self._records:
+                self._records[partition] += count
+                self._bytes[partition] += size
+
     def took(self, partition: int, size: int) -> None:
         """Count a record of ``size`` bytes the partition took."""
         self.count += 1
@@ -133,6 +210,7 @@ class KafkaSource:
         # one request of a connection at a time, so each would wait behind the fetching consumer's fetch.
         self._lookup: Consumer | None = None
         self._retries, self._backoff_s = retries, backoff_s
+        self._reached = False  # whether a request of this source was ever answered
         # The partitions assigned (fetching), each with the offset it was assigned at.
         self._assigned_at: dict[int, int] = {}
         self._reader: ThreadPoolExecutor | None = None
@@ -140,12 +218,22 @@ class KafkaSource:
         self._ahead: tuple[tuple, Future[RawBatch]] | None = None
 
     def _retrying(self, action: Callable[[], T], what: str) -> T:
-        """Run ``action``, retrying Kafka errors and timeouts; then a clear ``SourceError``."""
+        """Run ``action``, retrying Kafka errors and timeouts; then a clear ``SourceError``. Not retried: an
+        unknown topic, and a broker that never answered this source (a wrong address, or none running)."""
         attempts = self._retries + 1
         for attempt in range(attempts):
             try:
-                return action()
+                result = action()
+                self._reached = True
+                return result
+            except UnknownTopicError:
+                self._reached = True
+                raise
             except (KafkaException, SourceError) as exc:
+                error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if not self._reached and error is not None and error.code() in _UNREACHABLE:
+                    raise SourceError(f"cannot reach Kafka at {self.bootstrap_servers} ({what}: {error.str()}): is "
+                                      f"a broker running there? If not this address, {_ADDRESS_HINT}") from exc
                 if attempt + 1 == attempts:
                     raise SourceError(f"{what} on Kafka at {self.bootstrap_servers} failed after {attempts} "
                                       f"attempt(s): {exc}") from exc
@@ -193,12 +281,30 @@ class KafkaSource:
         def fetch() -> list[int]:
             metadata = (client or self._metadata()).list_topics(topic, timeout=timeout_s)
             topic_metadata = metadata.topics.get(topic)
-            if topic_metadata is None or topic_metadata.error is not None or not topic_metadata.partitions:
-                reason = topic_metadata.error if topic_metadata is not None else "not in metadata"
-                raise SourceError(f"topic '{topic}' does not exist on {self.bootstrap_servers} ({reason})")
+            if topic_metadata is None or (topic_metadata.error is not None
+                                          and topic_metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+                raise UnknownTopicError(self._unknown_topic(topic, client or self._metadata(), timeout_s))
+            if topic_metadata.error is not None or not topic_metadata.partitions:
+                raise SourceError(f"topic '{topic}' has no readable partitions on {self.bootstrap_servers} "
+                                  f"({topic_metadata.error})")
             return sorted(topic_metadata.partitions)
 
         return self._retrying(fetch, f"reading metadata of topic '{topic}'")
+
+    def _unknown_topic(self, topic: str, client: Consumer, timeout_s: float) -> str:
+        """The message for a topic that does not exist: the closest topics of its prefix (its first dotted
+        part: a Debezium connector's topic.prefix), else of the whole broker."""
+        prefix = topic.split(".")[0]
+        try:
+            names = [name for name in client.list_topics(timeout=timeout_s).topics if not name.startswith("_")]
+        except KafkaException:
+            names = []
+        mine = [name for name in names if name.split(".")[0] == prefix]
+        closest = difflib.get_close_matches(topic, mine or names, n=3, cutoff=0.5)
+        where = f"of prefix '{prefix}'" if mine else "on the broker"
+        found = f"the closest topics {where}: {', '.join(closest)}" if closest else \
+            f"no topic {where} is close to it ({len(mine or names)} topic(s) {where})"
+        return f"topic '{topic}' does not exist on {self.bootstrap_servers}; {found}"
 
     def read_batch(
         self,
@@ -209,6 +315,7 @@ class KafkaSource:
         poll_timeout_s: float = 30.0,
         read_ahead: bool = False,
         until: Mapping[int, int] | None = None,
+        cut: Cut | None = None,
     ) -> RawBatch:
         """Read ``topic`` from ``start_offsets`` (absent partitions: earliest) to the high watermarks.
 
@@ -218,6 +325,12 @@ class KafkaSource:
 
         ``until``: per partition, an offset its part of the batch stops before (a batch that must
         leave a partition's later records out); the batch is then not caught up there.
+
+        ``cut``: where the caller can end the batch read, per partition (None: where it ends). The
+        batch returned ends there, and counts only the records it keeps; the records past the cut
+        start the next batch, read ahead from the cut without fetching them again. A cut at the
+        batch's start offsets keeps nothing: the batch is read on, its bounds doubled each time,
+        until the cut keeps something or nothing more can be read (then it is returned whole).
 
         ``read_ahead``: when the batch stops short of the high watermarks, the next one (from its end
         offsets, same bounds) is read in the background while the caller applies this one, and the
@@ -229,13 +342,34 @@ class KafkaSource:
         batch = self._take_ahead(request)
         if batch is None:
             batch = self._read(topic, start_offsets, max_records, max_bytes, poll_timeout_s, bounds)
+        past_cut: RawBatch | None = None
+        if cut is not None:
+            batch, past_cut = self._cut(batch, cut, max_records, max_bytes, poll_timeout_s, bounds)
         if read_ahead and not batch.caught_up:
             following = (topic, dict(batch.end_offsets), max_records, max_bytes, bounds)
             if self._reader is None:
                 self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-read-ahead")
             self._ahead = (following, self._reader.submit(self._read, topic, batch.end_offsets, max_records,
-                                                          max_bytes, poll_timeout_s, bounds))
+                                                          max_bytes, poll_timeout_s, bounds, past_cut))
         return batch
+
+    def _cut(self, batch: RawBatch, cut: Cut, max_records: int, max_bytes: int, poll_timeout_s: float,
+             until: Mapping[int, int] | None) -> tuple[RawBatch, RawBatch | None]:
+        """``batch`` ended where ``cut`` says (``read_batch``), and the records past the cut (None: none)."""
+        while True:
+            asked = cut(batch)
+            ends = {p: (asked or {}).get(p, end) for p, end in batch.end_offsets.items()}
+            if ends == batch.end_offsets:
+                return batch, None
+            if ends != batch.start_offsets:
+                return _split(batch, ends)
+            max_records, max_bytes = 2 * max_records, 2 * max_bytes
+            further = self._read(batch.topic, batch.start_offsets, max_records, max_bytes, poll_timeout_s, until,
+                                 batch)
+            if further.end_offsets == batch.end_offsets:
+                return batch, None  # nothing more to read: whole
+            batch = replace(further, timings={k: batch.timings.get(k, 0.0) + further.timings.get(k, 0.0)
+                                              for k in {*batch.timings, *further.timings}})
 
     def _take_ahead(self, request: tuple) -> RawBatch | None:
         """The batch read ahead, if it is the one asked for. Its timings: what the caller waited
@@ -260,7 +394,10 @@ class KafkaSource:
             return asked, None
 
     def _read(self, topic: str, start_offsets: Mapping[int, int] | None, max_records: int, max_bytes: int,
-              poll_timeout_s: float, until: Mapping[int, int] | None = None) -> RawBatch:
+              poll_timeout_s: float, until: Mapping[int, int] | None = None, carried: RawBatch | None = None
+              ) -> RawBatch:
+        """The batch from ``start_offsets``; ``carried``: its first records, already read from those offsets
+        (the consumer positioned at their end offsets), which count in its bounds and are not fetched again."""
         started = time.perf_counter()
         consumer = self._client_for(topic)
         # Asked by the fetching consumer itself: it learns the partitions' leaders from the answer. Left to
@@ -285,15 +422,15 @@ class KafkaSource:
                     "operator's decision")
             start[partition] = committed if committed is not None else low
         stop = {p: min(high[p], max(start[p], (until or {}).get(p, high[p]))) for p in partitions}
-        pending = [p for p in partitions if start[p] < stop[p]]
-        end = dict(start)
-        chunks: list[pa.RecordBatch] = []
-        size = 0
+        end = {**start, **(carried.end_offsets if carried is not None else {})}
+        pending = [p for p in partitions if end[p] < stop[p]]
+        chunks: list[pa.RecordBatch] = carried.records.to_batches() if carried is not None else []
+        size = carried.bytes_read if carried is not None else 0
         if pending:
-            self._position_at(consumer, topic, start, pending)
+            self._position_at(consumer, topic, end, pending)
             try:
                 size = self._consume(consumer, topic, pending, end, stop, chunks, max_records, max_bytes,
-                                     poll_timeout_s)
+                                     poll_timeout_s, carried)
             except BaseException:
                 self._unassign_all(consumer)
                 raise
@@ -316,7 +453,8 @@ class KafkaSource:
         return batch
 
     def _position_at(self, consumer: Consumer, topic: str, start: Mapping[int, int], pending: list[int]) -> None:
-        """Make the consumer hand out the ``pending`` partitions' records from ``start``.
+        """Make the consumer hand out the ``pending`` partitions' records from ``start`` (where the batch
+        goes on reading: its start offsets, or the end of the records it carries).
 
         What is assigned is kept between batches when it continues exactly where this batch starts:
         the records librdkafka fetched ahead are used instead of fetched again. Otherwise nothing stays
@@ -344,9 +482,10 @@ class KafkaSource:
 
     def _consume(self, consumer: Consumer, topic: str, pending: list[int], end: dict[int, int],
                  stop: Mapping[int, int], chunks: list[pa.RecordBatch], max_records: int, max_bytes: int,
-                 poll_timeout_s: float) -> int:
-        """Read the ``pending`` partitions up to ``stop`` until the bounds; the records as Arrow chunks
-        of one consume call each. Returns the bytes read.
+                 poll_timeout_s: float, carried: RawBatch | None = None) -> int:
+        """Read the ``pending`` partitions up to ``stop`` until the bounds, ``carried`` records counted in
+        them; the records as Arrow chunks of one consume call each. Returns the bytes read, the carried
+        records' included.
 
         The bounds are shared out in rounds (``_Shares``): a partition that reached its share is paused
         while the others take theirs, and what a partition could not use (it reached ``stop``) is shared
@@ -356,6 +495,8 @@ class KafkaSource:
         the next batch starts (its assignment kept, ``_position_at``).
         """
         shares = _Shares(pending, max_records, max_bytes)
+        if carried is not None:
+            shares.carry(carried.records)
         below = list(pending)  # partitions not yet read up to their stop offsets
         paused: set[int] = set()
         last_progress = time.monotonic()

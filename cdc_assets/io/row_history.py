@@ -9,16 +9,23 @@ that commit recorded. Delta's log retention bounds how far back that reaches.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import pyarrow.dataset as pds
 from deltalake import DeltaTable
 
 from cdc_assets.core.layout import VALID_FROM_COLUMN
 from cdc_assets.io.delta import METADATA_KEY, DeltaTarget
+from cdc_assets.io.storage import delta_rs_options
+
+if TYPE_CHECKING:  # not imported at run time: the API module brings pyspark along
+    from cdc_assets.api import TableSpec
+
+TableRef = Union[str, "os.PathLike[str]", DeltaTarget, "TableSpec"]
 
 
 @dataclass(frozen=True)
@@ -54,15 +61,35 @@ def _commit_offsets(entry: Mapping[str, Any]) -> dict[str, int] | None:
     return dict(recorded["offsets"]) if isinstance(recorded, dict) and "offsets" in recorded else None
 
 
-def row_history(target: DeltaTarget, key: Mapping[str, Any], scd2: bool = False,
-                since_version: int = 0) -> list[RowChange]:
-    """The changes applied to the row of ``key`` (``{column: value}``), oldest first.
+def _target(table: TableRef, storage_options: Mapping[str, str] | None) -> DeltaTarget:
+    """The Delta table that ``table`` names: a path (with ``storage_options``), a ``DeltaTarget`` or a
+    ``TableSpec``."""
+    if isinstance(table, DeltaTarget):
+        return table
+    if isinstance(table, (str, os.PathLike)):
+        return DeltaTarget(os.fspath(table), dict(storage_options or {}))
+    return DeltaTarget(table.target, dict(table.storage_options))
 
-    ``scd2``: read the table's versions of the key (ordered by ``_cdc_valid_from``); otherwise walk
-    the Delta versions from ``since_version`` and keep those that changed the key's row.
+
+def is_scd2(table: DeltaTable) -> bool:
+    """Whether ``table`` keeps versions (apply mode scd2): its schema has ``_cdc_valid_from``."""
+    return VALID_FROM_COLUMN in table.schema().to_arrow().names
+
+
+def row_history(table: TableRef, key: Mapping[str, Any], scd2: bool | None = None, since_version: int = 0,
+                storage_options: Mapping[str, str] | None = None) -> list[RowChange]:
+    """The changes applied to the row of ``key`` (``{column: value}``) in ``table`` (a path, with
+    ``storage_options`` for object stores; a ``DeltaTarget``; or a ``TableSpec``), oldest first.
+
+    An scd2 table (found out from its columns, unless ``scd2`` says) gives the key's versions, ordered by
+    ``_cdc_valid_from``; another walks the Delta versions from ``since_version`` and keeps those that
+    changed the key's row.
     """
-    options = dict(target.storage_options)
+    target = _target(table, storage_options)
+    options = delta_rs_options(target.storage_options)
     latest = DeltaTable(target.path, storage_options=options)
+    if scd2 is None:
+        scd2 = is_scd2(latest)
     if scd2:
         versions = sorted(_rows(latest, key), key=lambda row: row[VALID_FROM_COLUMN])
         return [RowChange(None, None, None, row) for row in versions]
@@ -79,4 +106,3 @@ def row_history(target: DeltaTarget, key: Mapping[str, Any], scd2: bool = False,
                 _commit_offsets(entry), rows[0] if rows else None))
         previous = rows
     return changes
-

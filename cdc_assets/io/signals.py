@@ -20,6 +20,9 @@ from urllib.parse import unquote, urlsplit
 import pyarrow as pa
 from confluent_kafka import KafkaException, Producer
 
+from cdc_assets.io.kafka_source import LIBRDKAFKA_LOGGER
+from cdc_assets.io.storage import delta_rs_options
+
 SignalType = Literal["execute-snapshot", "stop-snapshot", "pause-snapshot", "resume-snapshot"]
 SnapshotType = Literal["incremental", "blocking"]
 SIGNAL_TYPES: tuple[SignalType, ...] = ("execute-snapshot", "stop-snapshot", "pause-snapshot", "resume-snapshot")
@@ -179,7 +182,7 @@ class KafkaSignalChannel:
             if error is not None:
                 failures.append(str(error))
 
-        producer = Producer({**self._settings, "enable.idempotence": True})
+        producer = Producer({"logger": LIBRDKAFKA_LOGGER, **self._settings, "enable.idempotence": True})
         try:
             producer.produce(self.topic, key=self.topic_prefix.encode(),
                              value=json.dumps({"type": signal.type, "data": signal.data()}).encode(),
@@ -298,7 +301,7 @@ def audit_signal(audit_path: str, storage_options: Mapping[str, str], signal: Sn
            "type": signal.type, "payload": json.dumps({"type": signal.type, "data": signal.data()}),
            "run_id": run_id}
     write_deltalake(audit_path, pa.Table.from_pylist([row], schema=AUDIT_SCHEMA), mode="append",
-                    storage_options=dict(storage_options))
+                    storage_options=delta_rs_options(storage_options))
     return row
 
 

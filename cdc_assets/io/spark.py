@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 from cdc_assets.core.layout import schema_prefix
+from cdc_assets.io.storage import StorageConfigError, spark_settings, store_of
 
 DELTA_JARS_ENV_VAR = "CDC_DELTA_SPARK_JARS"
 CLASS_ARCHIVE_ENV_VAR = "CDC_SPARK_CLASS_ARCHIVE"
@@ -57,11 +58,14 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
 
 
 def spark_config(master: str = "local[*]", remote: str | None = None,
-                 conf: Mapping[str, str] | None = None, use_class_archive: bool = False) -> dict[str, str]:
-    """The full Spark config for a session: embedded defaults, Delta jars if named, then ``conf``.
+                 conf: Mapping[str, str] | None = None, use_class_archive: bool = False,
+                 delta_root: str = "", storage_options: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The full Spark config for a session: embedded defaults, Delta jars if named, the file-system
+    settings of the store ``delta_root`` is on (``storage.spark_settings``), then ``conf``.
 
     ``remote`` (a Spark Connect URL) replaces ``master``. Any other session gets Delta: the jars of
-    ``delta_jars`` on its classpath, with Delta's SQL extension and catalog.
+    ``delta_jars`` on its classpath, with Delta's SQL extension and catalog, and the store's connector
+    jars (``object_store_jars``) when the tables are on object storage.
     ``use_class_archive``: a local JVM started in this process maps the class archive
     (``cdc_assets.io.class_archive``) when there is one. The local Spark server does not: it starts
     once and serves many runs, while the archive, relocated in memory, would hold its memory for as
@@ -74,9 +78,10 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
         settings["spark.master"] = master
         jars = delta_jars()
         if jars:
-            settings["spark.jars"] = jars
+            settings["spark.jars"] = ",".join(filter(None, [jars, object_store_jars(delta_root)]))
             settings["spark.sql.extensions"] = DELTA_EXTENSION
             settings["spark.sql.catalog.spark_catalog"] = DELTA_CATALOG
+    settings.update(spark_settings(delta_root, storage_options or {}, session_level=bool(remote)))
     settings.update(conf or {})
     archive = class_archive_path()
     if not remote and use_class_archive and master.startswith("local") and archive.exists():
@@ -107,6 +112,24 @@ def delta_jars() -> str:
 def delta_jars_dir() -> Path:
     """Where ``scripts/setup`` puts this installation's Delta jars."""
     return _share_dir() / "delta-jars"
+
+
+def object_store_jars(delta_root: str) -> str:
+    """The jar files of Hadoop's connector for the store ``delta_root`` is on, comma-separated: for S3,
+    hadoop-aws and its AWS SDK bundle as ``scripts/setup`` fetched them (empty for other stores: a
+    cluster brings its own). Only sessions that need them get them: the SDK bundle is a large jar."""
+    if not delta_root or store_of(delta_root) != "s3":
+        return ""
+    jars = sorted(hadoop_aws_jars_dir().glob("*.jar"))
+    if not jars:
+        raise StorageConfigError(f"delta.root '{delta_root}' is on S3, and Spark needs Hadoop's S3 connector: no jars "
+                                 f"in {hadoop_aws_jars_dir()} (run scripts/setup)")
+    return ",".join(str(jar) for jar in jars)
+
+
+def hadoop_aws_jars_dir() -> Path:
+    """Where ``scripts/setup`` puts hadoop-aws and the AWS SDK bundle, at the Hadoop version pyspark ships."""
+    return _share_dir() / "hadoop-aws-jars"
 
 
 def _share_dir() -> Path:

@@ -12,9 +12,9 @@ settings get a server of their own: servers are keyed by a fingerprint of their 
 The state lives in ``$CDC_SPARK_SERVER_DIR`` (default: ``<tmp>/cdc-assets-spark-<uid>``): per
 server ``<fingerprint>.json`` (supervisor pid, port), ``.lock`` (held while a client starts it) and
 ``.log``, and per session slot (``connect``) ``session-<port>-<slot>.lock`` (the session's id, locked
-by the client using it).
+by the client using it). A server's state names the checkout (or installation) that started it:
 
-    python -m cdc_assets.io.spark_server status|stop
+    python -m cdc_assets.io.spark_server status|stop [--all]   # this checkout's servers; --all: every one
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # the supervisor never imports pyspark's Python side (pandas 
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 SERVER_DIR_ENV_VAR = "CDC_SPARK_SERVER_DIR"
+# The checkout (or site-packages) this cdc_assets runs from: servers of other checkouts share the server dir.
+CHECKOUT = str(Path(__file__).resolve().parents[2])
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 _POLL_S = 5.0
 
@@ -300,7 +302,8 @@ def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float, 
             if jvm.poll() is not None or time.monotonic() > deadline:
                 raise SparkServerError(f"the Spark Connect server did not start (exit code {jvm.poll()})")
             time.sleep(0.2)
-        state_path.write_text(json.dumps({"pid": os.getpid(), "port": port, "settings": dict(settings)}))
+        state_path.write_text(json.dumps({"pid": os.getpid(), "port": port, "settings": dict(settings),
+                                          "checkout": CHECKOUT}))
         print(f"local Spark server: sc://127.0.0.1:{port}", flush=True)
         _wait_until_idle(jvm, port, idle_timeout_s)
     finally:
@@ -340,46 +343,58 @@ def _wait_until_idle(jvm: subprocess.Popen, port: int, idle_timeout_s: float) ->
             return
 
 
-def running_servers() -> list[tuple[Path, dict]]:
-    """The running local servers of this server directory: (state file, state with pid and port)."""
+def running_servers(this_checkout: bool = False) -> list[tuple[Path, dict]]:
+    """The running local servers of this server directory: (state file, state with pid and port);
+    ``this_checkout``: only those this checkout started (``CHECKOUT``)."""
     found = []
     for path in sorted(server_dir().glob("*.json")):
         state = _running(path)
-        if state is not None:
+        if state is not None and (not this_checkout or state.get("checkout") == CHECKOUT):
             found.append((path, state))
     return found
 
 
-def stop_all(timeout_s: float = 60.0) -> int:
-    """Stop every local server of this server directory; the number stopped."""
-    states = running_servers()
+def stop_servers(states: list[tuple[Path, dict]], timeout_s: float = 60.0) -> int:
+    """Stop the servers of ``states`` (from ``running_servers``) and wait for them; the number stopped."""
     for _, state in states:
-        os.kill(state["pid"], signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(state["pid"], signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while any(_alive(state["pid"]) for _, state in states) and time.monotonic() < deadline:
         time.sleep(0.2)
     return len(states)
 
 
-def main() -> None:
+def stop_all(timeout_s: float = 60.0) -> int:
+    """Stop every local server of this server directory, whichever checkout started it; the number stopped."""
+    return stop_servers(running_servers(), timeout_s)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("status", help="list the running local servers")
-    commands.add_parser("stop", help="stop every running local server")
+    for command, what in (("status", "list"), ("stop", "stop")):
+        sub = commands.add_parser(command, help=f"{what} this checkout's running local servers")
+        sub.add_argument("--all", action="store_true", help=f"{what} every checkout's, not only this one's")
     serve_parser = commands.add_parser("serve", help=argparse.SUPPRESS)
     serve_parser.add_argument("--state", required=True)
     serve_parser.add_argument("--idle-timeout-s", type=float, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.command == "serve":
         serve(json.loads(sys.stdin.read()), Path(args.state), args.idle_timeout_s)
-    elif args.command == "stop":
-        print(f"stopped {stop_all()} local Spark server(s) in {server_dir()}")
+        return
+    states = running_servers(this_checkout=not args.all)
+    scope = "" if args.all else f" of {CHECKOUT}"
+    others = [] if args.all else [state for state in running_servers() if state not in states]
+    if args.command == "stop":
+        print(f"stopped {stop_servers(states)} local Spark server(s){scope} in {server_dir()}")
     else:
-        states = running_servers()
         for path, state in states:
             print(f"sc://127.0.0.1:{state['port']}  pid {state['pid']}  log {path.with_suffix('.log')}")
         if not states:
-            print(f"no local Spark server running in {server_dir()}")
+            print(f"no local Spark server{scope} running in {server_dir()}")
+    if others:
+        print(f"{len(others)} server(s) of other checkouts left alone (--all includes them)")
 
 
 if __name__ == "__main__":

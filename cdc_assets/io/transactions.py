@@ -42,6 +42,7 @@ from cdc_assets.io.delta import (
     open_table,
 )
 from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.storage import delta_rs_options
 
 LOG_SCHEMA = pa.schema([
     ("id", pa.string()), ("status", pa.string()), ("event_count", pa.int64()), ("collections", pa.string()),
@@ -167,7 +168,7 @@ def _ingest_once(source: KafkaSource, log: TransactionLog, max_records: int) -> 
     commit = CommitRequest(log.app_id, sum(raw.end_offsets.values()), log.topic, raw.end_offsets)
     # mode="ignore": a concurrent ingest may create the log first.
     table = DeltaTable.create(log.target.path, schema=LOG_SCHEMA, mode="ignore",
-                              storage_options=dict(log.target.storage_options))
+                              storage_options=delta_rs_options(log.target.storage_options))
     if commit.applied_by(table.transaction_version(commit.app_id)):
         return 0
     with _concurrent_commit_guard(log.target, commit):
@@ -243,7 +244,7 @@ def update_watermark(connector: str, log: TransactionLog, tables: Mapping[str, D
            if transaction and transaction[1] else None,
            "versions": json.dumps(versions, sort_keys=True), "recorded_at": datetime.now(timezone.utc)}
     write_deltalake(watermarks.path, pa.Table.from_pylist([row], schema=WATERMARK_SCHEMA), mode="append",
-                    storage_options=dict(watermarks.storage_options))
+                    storage_options=delta_rs_options(watermarks.storage_options))
     return row
 
 

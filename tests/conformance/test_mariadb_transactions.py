@@ -138,9 +138,10 @@ connectors:
             f'    signal: {{channel: kafka, topic: "{self.prefix}.signals", table: {self.database}.debezium_signal, '
             f'dsn_env: {SIGNAL_DSN_ENV}, debezium_version: "3.5"}}\n'))
 
-    def trunc_config(self, on_truncate: str) -> str:
-        """The truncated table with its ``on_truncate``."""
-        return self.config("trunc", f"      - {{name: {self.database}.trunc, on_truncate: {on_truncate}}}\n")
+    def trunc_config(self, on_truncate: str, aspect: str = "trunc", apply_mode: str = "scd1") -> str:
+        """The truncated table with its ``on_truncate`` and ``apply_mode``."""
+        return self.config(aspect, f"      - {{name: {self.database}.trunc, on_truncate: {on_truncate}, "
+                                   f"apply_mode: {apply_mode}}}\n")
 
     def path(self, aspect: str, table: str) -> Path:
         """The default Delta path of a table under an aspect's root."""
@@ -268,7 +269,7 @@ def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker,
             sql.execute("UPDATE trunc SET v = CONCAT(v, ' updated') WHERE id % 3 = 0")
             world.before_truncate = mariadb.query("SELECT * FROM trunc", database)
             sql.execute("TRUNCATE TABLE trunc")
-            for row_id in range(31, 41):
+            for row_id in [*range(31, 41), 3, 4, 5]:  # ids from before the TRUNCATE come back
                 sql.execute("INSERT INTO trunc VALUES (%s, %s)", [row_id, f"after truncate {row_id}"])
             sql.execute("UPDATE trunc SET v = 'after truncate, updated' WHERE id = 31")
             world.wait_for_marker(sql)
@@ -351,3 +352,34 @@ def test_a_truncate_halts_its_table_naming_where_and_nothing_is_lost(world):
     source = world.mariadb.query("SELECT * FROM trunc", world.database)
     expected = {r["id"]: r["v"] for r in world.before_truncate} | {r["id"]: r["v"] for r in source}
     assert {r["id"]: r["v"] for r in h.delta_rows(path)} == expected
+
+
+@pytest.mark.parametrize("apply_mode", ["scd1", "soft_delete", "scd2"])
+def test_an_applied_truncate_leaves_the_table_as_the_source_in_every_apply_mode(world, apply_mode):
+    """on_truncate: apply, on MariaDB's real TRUNCATE (one partition of three) amid inserts and updates before and
+    after it, ids from before it inserted again: the table ends as the source; soft_delete keeps the truncated rows
+    marked deleted at the TRUNCATE's position, scd2 ends their versions there. Batches of 7 records, so that the
+    TRUNCATE and the changes around it are read in different batches."""
+    aspect = f"trunc_{apply_mode}"
+    run = h.run_job(world.trunc_config("apply", aspect, apply_mode),
+                    run_config={"ops": {f"maria_{aspect}_merge": {"config": {"max_records_per_batch": 7}}}})
+    assert run.success, h.failures(run)
+    path = world.path(aspect, "trunc")
+    source = world.mariadb.query("SELECT * FROM trunc", world.database)
+    problems = h.compare(source, h.current_rows(path, apply_mode), ("id",), {}, {"v": h.typed(str)})
+    assert not problems, h.summarise(problems)
+    # Every row of the table from before the TRUNCATE is deleted (soft_delete) or ended (scd2) at its position.
+    truncated_at = json.loads(DeltaTable(str(path)).history(1)[0]["userMetadata"])["cdc_assets"]["truncated_at"]
+    gone = {r["id"] for r in world.before_truncate} - {r["id"] for r in source}
+    rows = h.delta_rows(path)
+    if apply_mode == "soft_delete":
+        deleted = {row["id"] for row in rows if row["_cdc_deleted"]}
+        assert deleted and deleted <= gone, (deleted, gone)
+        assert {row["_cdc_position"] for row in rows if row["_cdc_deleted"]} == {truncated_at}
+    if apply_mode == "scd2":
+        before = [row for row in rows if row["_cdc_valid_from"] < truncated_at]
+        outlived = [(row["id"], row["v"], row["_cdc_valid_from"].strip(), row["_cdc_valid_to"], row["_cdc_current"])
+                    for row in before if row["_cdc_current"] or row["_cdc_valid_to"] > truncated_at]
+        assert before and not outlived, (truncated_at, outlived)
+        assert max(row["_cdc_valid_to"] for row in before) == truncated_at
+        assert h.one_current_version_per_key(path) == {}

@@ -411,6 +411,9 @@ def test_a_custom_unavailable_value_placeholder_is_configurable_per_connector(wo
 TRUNC_TABLES = """\
       - {name: public.trunc}
       - {name: public.trunc_ignored, topic: TOPIC_trunc, path: p/trunc_ignored, on_truncate: ignore}
+      - {name: public.trunc_applied, topic: TOPIC_trunc, path: p/trunc_applied, on_truncate: apply}
+      - {name: public.trunc_soft, topic: TOPIC_trunc, path: p/trunc_soft, on_truncate: apply, apply_mode: soft_delete}
+      - {name: public.trunc_scd2, topic: TOPIC_trunc, path: p/trunc_scd2, on_truncate: apply, apply_mode: scd2}
       - {name: public.alltypes_undeclared, topic: TOPIC_alltypes, path: p/alltypes_undeclared}
 """
 
@@ -434,6 +437,10 @@ def test_replica_identity_full_message_key_columns_and_truncate(world):
     with psycopg.connect(world.dsn) as connection:
         source = dict(connection.execute("SELECT id, v FROM trunc").fetchall())
     assert kept == {1: "before truncate", 2: "before truncate", **source}
+    # on_truncate: apply: the table is the source's, in every apply mode (ids 3-5 came back after the TRUNCATE).
+    for name, mode in (("trunc_applied", "scd1"), ("trunc_soft", "soft_delete"), ("trunc_scd2", "scd2")):
+        path = world.root / "delta-rs" / "p" / name
+        assert {row["id"]: row["v"] for row in h.current_rows(path, mode)} == source, name
 
 
 @pytest.mark.parametrize("apply_mode", ["scd1", "soft_delete", "scd2"])

@@ -228,7 +228,7 @@ def analyzed_plan(frame, capsys) -> str:
 
 def test_the_decode_spells_out_the_row_image_and_each_conversion_once(hand_over, spark, capsys):
     # A batch query's analysis and optimization grow with its expressions and were most of a small table's Spark
-    # time (docs/performance.md, W2): the image the columns are read from, and each column's conversion (a
+    # time (W2, in performance.md's git log): the image the columns are read from, and each column's conversion (a
     # decimal's names its bytes dozens of times), are named once and referred to by the value, its "does not
     # fit" test and the key, not spelt out at every use.
     fields = [{"type": "int32", "field": "id"}, decimal_field("amount", 2, 12)]

@@ -121,5 +121,5 @@ def test_placeholder_and_truncate_policy_reach_each_table():
     tables = resolve_tables(parse_config(custom))
     assert [(t.unavailable_placeholder, t.on_truncate) for t in tables] == [("__toast__", "halt"),
                                                                              ("__toast__", "ignore")]
-    with pytest.raises(ConfigError, match=r"on_truncate: Input should be 'halt' or 'ignore'"):
+    with pytest.raises(ConfigError, match=r"on_truncate: Input should be 'halt', 'ignore' or 'apply'"):
         parse_config(custom.replace("on_truncate: ignore", "on_truncate: drop"))

@@ -1,8 +1,9 @@
 """The Kafka source reads bounded, contiguous batches from given offsets on the real broker."""
 
 import pytest
+from confluent_kafka import Consumer
 
-from cdc_assets.io.kafka_source import KafkaSource, SourceError
+from cdc_assets.io.kafka_source import KafkaSource, SourceError, UnknownTopicError
 from tests.conftest import new_topic, produce
 
 
@@ -56,9 +57,9 @@ def test_tombstones_are_read_as_null_values(broker, source):
     assert batch.records["value"].to_pylist() == [b"x", None]
 
 
-def test_missing_topic_names_topic_and_broker_after_retries(broker, source):
-    with pytest.raises(SourceError, match=rf"failed after 2 attempt\(s\): topic 'no.such.topic' does not exist on "
-                                          rf"{broker.bootstrap_servers}"):
+def test_missing_topic_names_topic_and_broker_at_once(broker, source):
+    with pytest.raises(UnknownTopicError,
+                       match=rf"^topic 'no.such.topic' does not exist on {broker.bootstrap_servers}; "):
         source.read_batch("no.such.topic", None, 10, 10**9, 5)
 
 
@@ -325,3 +326,115 @@ def test_a_batch_stops_before_until(broker, source):
     assert _counts(rest) == {0: 45, 1: 50} and rest.caught_up
     assert [o for p, o in zip(rest.records["partition"].to_pylist(), rest.records["offset"].to_pylist(),
                               strict=True) if p == 0] == list(range(5, 50))
+
+
+class _CountingSource(KafkaSource):
+    """A real source whose fetching consumer counts every record it hands out, by (partition, offset)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.handed_out: dict[tuple[int, int], int] = {}
+
+    def _client(self):
+        if self._consumer is None:
+            handed_out = self.handed_out
+
+            class Counting(Consumer):
+                def consume(self, *args, **kwargs):
+                    messages = super().consume(*args, **kwargs)
+                    for message in messages:
+                        if message.error() is None:
+                            coordinates = (message.partition(), message.offset())
+                            handed_out[coordinates] = handed_out.get(coordinates, 0) + 1
+                    return messages
+
+            self._consumer = Counting(dict(self._settings))
+        return self._consumer
+
+
+@pytest.fixture
+def counting(broker):
+    kafka = _CountingSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "source-tests"}, retries=1,
+                            backoff_s=0.1)
+    yield kafka
+    kafka.close()
+
+
+def test_a_cut_batch_s_next_batch_is_read_ahead_from_the_cut_without_fetching_its_records_again(broker, counting):
+    """A caller's cut (three records before each batch's end) is applied before the next batch is read
+    ahead: that batch starts at the cut, takes the records past it as they were read (not fetched again),
+    and is the one the next call gets. The batches hold every record once and count each once."""
+    topic = new_topic(broker, "src.cutahead")
+    produce(broker, topic, records(100))
+    cuts = []
+
+    def three_before_the_end(batch):
+        cuts.append(dict(batch.end_offsets))
+        return None if batch.caught_up else {0: batch.end_offsets[0] - 3}
+
+    batches, offsets = [], None
+    for _ in range(30):
+        batch = counting.read_batch(topic, offsets, max_records=20, max_bytes=10**9, poll_timeout_s=10,
+                                    read_ahead=True, cut=three_before_the_end)
+        batches.append(batch)
+        offsets = batch.end_offsets
+        if batch.caught_up:
+            break
+    assert batches[-1].caught_up
+    for batch in batches:
+        assert _by_partition(batch).get(0, []) == list(range(batch.start_offsets[0], batch.end_offsets[0]))
+        assert batch.records_read == batch.records.num_rows
+    # Each batch read 20 records (3 of them carried from the batch before) and kept 17.
+    assert [b.end_offsets[0] - b.start_offsets[0] for b in batches[:-1]] == [17] * (len(batches) - 1)
+    assert [c[0] - b.start_offsets[0] for c, b in zip(cuts[:-1], batches[:-1], strict=True)] == \
+        [20] * (len(batches) - 1)
+    assert all("read_ahead_s" in b.timings for b in batches[1:])  # every batch after the first was read ahead
+    assert sorted(o for b in batches for o in _by_partition(b).get(0, [])) == list(range(100))
+    assert sum(b.records_read for b in batches) == 100
+    assert counting.handed_out == {(0, o): 1 for o in range(100)}  # no record fetched twice
+
+
+def test_a_cut_on_several_partitions_loses_and_repeats_nothing(broker, source):
+    """With the partitions sharing the bounds, a cut in each partition: the batches from the read ahead
+    start exactly at the cuts, and together hold every record once."""
+    topic = new_topic(broker, "src.cutparts", partitions=3)
+    sizes = {0: 70, 1: 45, 2: 90}
+    for partition, size in sizes.items():
+        produce(broker, topic, records(size, f"p{partition}-"), partition=partition)
+
+    def half_of_each_partition_s_part(batch):
+        return {p: end - (end - batch.start_offsets[p]) // 2 for p, end in batch.end_offsets.items()}
+
+    seen, offsets, batches = [], None, []
+    for _ in range(100):
+        batch = source.read_batch(topic, offsets, max_records=24, max_bytes=10**9, poll_timeout_s=10,
+                                  read_ahead=True, cut=half_of_each_partition_s_part)
+        batches.append(batch)
+        assert offsets is None or batch.start_offsets == offsets
+        for partition, run in _by_partition(batch).items():
+            assert run == list(range(batch.start_offsets[partition], batch.end_offsets[partition]))
+        seen += [(p, o) for p, run in _by_partition(batch).items() for o in run]
+        offsets = batch.end_offsets
+        if batch.caught_up:
+            break
+    assert sorted(seen) == [(p, o) for p, size in sizes.items() for o in range(size)]
+    assert sum(b.records_read for b in batches) == sum(sizes.values())
+    assert sum("read_ahead_s" in b.timings for b in batches) == len(batches) - 1
+
+
+def test_a_cut_that_keeps_nothing_reads_on_without_fetching_again(broker, counting):
+    """A cut at the batch's start (its caller cannot end it anywhere yet) reads the batch on, bounds
+    doubled, from where it ended; the records it read are kept, not fetched again."""
+    topic = new_topic(broker, "src.cutnothing")
+    produce(broker, topic, records(60))
+    asked = []
+
+    def not_before_offset_45(batch):
+        asked.append(batch.end_offsets[0])
+        return None if batch.end_offsets[0] > 45 else dict(batch.start_offsets)
+
+    batch = counting.read_batch(topic, None, max_records=10, max_bytes=10**9, poll_timeout_s=10, read_ahead=True,
+                                cut=not_before_offset_45)
+    assert asked == [10, 20, 40, 60]  # 10, then doubled bounds: 20, 40, 80 (the topic's 60)
+    assert _by_partition(batch) == {0: list(range(60))} and batch.caught_up and batch.records_read == 60
+    assert counting.handed_out == {(0, o): 1 for o in range(60)}

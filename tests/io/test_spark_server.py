@@ -137,3 +137,44 @@ def test_a_run_finding_every_slot_taken_gets_a_session_of_its_own_released_at_it
     finally:
         for session in held:
             disconnect(session)
+
+
+def test_status_and_stop_keep_to_this_checkouts_servers_unless_all(tmp_path, monkeypatch, capsys):
+    """Two servers in one server dir, one started by another checkout: ``status``/``stop`` see this
+    checkout's only; ``--all`` every one. (Stand-ins: a process each and a listening port each.)"""
+    import json
+    import socket
+    import subprocess
+
+    from cdc_assets.io.spark_server import CHECKOUT, main
+
+    monkeypatch.setenv("CDC_SPARK_SERVER_DIR", str(tmp_path))
+    servers = {}
+    for name, checkout in (("ours", CHECKOUT), ("theirs", "/elsewhere/cdc-assets")):
+        process = subprocess.Popen(["sleep", "300"])
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        (tmp_path / f"{name}.json").write_text(json.dumps({"pid": process.pid, "port": port, "settings": {},
+                                                           "checkout": checkout}))
+        servers[name] = (process, listener, port)
+    try:
+        main(["status"])
+        status = capsys.readouterr().out
+        assert f":{servers['ours'][2]} " in status and f":{servers['theirs'][2]} " not in status
+        assert "1 server(s) of other checkouts left alone" in status
+        main(["status", "--all"])
+        assert f":{servers['theirs'][2]} " in capsys.readouterr().out
+
+        main(["stop"])
+        assert "stopped 1 local Spark server(s) of " in capsys.readouterr().out
+        servers["ours"][0].wait(10)  # stopped (stopping reaps it: its exit code is not ours to see)
+        assert servers["theirs"][0].poll() is None, "another checkout's server must be left running"
+        main(["stop", "--all"])
+        servers["theirs"][0].wait(10)
+    finally:
+        for process, listener, _ in servers.values():
+            process.kill()
+            process.wait()
+            listener.close()

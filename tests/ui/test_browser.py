@@ -1,22 +1,22 @@
-"""The Dagster UI in a real browser: `dagster dev` (webserver and daemon) on the demo config and a
-local broker, driven by headless Chromium. Screenshots land in tests/artifacts/."""
+"""The Dagster UI in a real browser, following the README's tour: `scripts/demo --ui` (a local broker, the
+sample, a merge, `dagster dev`), a round of changes (`scripts/demo --changes`) materialized from the UI,
+driven by headless Chromium. The tour's screenshots land in docs/images/."""
 
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from cdc_assets.demo.broker import ApacheKafkaBroker, free_port
-from cdc_assets.demo.sample import publish_sample
+from cdc_assets.demo.broker import free_port
+from tests.test_demo import until_ui
 
 ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "tests" / "artifacts"
+IMAGES = ROOT / "docs" / "images"
+ARTIFACTS = ROOT / "tests" / "artifacts"  # the last page seen, for a failure's diagnosis
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -25,44 +25,27 @@ pytestmark = pytest.mark.browser
 
 
 @pytest.fixture
-def dagster_dev(tmp_path):
-    """`dagster dev` against the demo config, a fresh local broker with the sample, Delta under tmp_path."""
+def tour(tmp_path):
+    """The tour's first terminal: `scripts/demo --ui` on a `.cdc-demo` and ports of the test's own (the env
+    vars it reads), until Ctrl-C at the end; yields the UI's URL and the demo's environment."""
     if not Path(CHROMIUM).exists():
-        pytest.skip("Chromium is not installed (scripts/setup installs Debian's chromium)")
-    with ApacheKafkaBroker() as broker:
-        publish_sample(broker.bootstrap_servers)
-        home = tmp_path / "dagster_home"
-        home.mkdir()
-        (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-        port = free_port()
-        env = {**os.environ, "CDC_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
-               "CDC_DELTA_ROOT": str(tmp_path / "delta"), "CDC_DELTA_WRITER": "delta-rs",
-               "DAGSTER_HOME": str(home)}
-        env.pop("CDC_ASSETS_CONFIG", None)
-        log = open(tmp_path / "dagster_dev.log", "wb")  # noqa: SIM115 - closed after the process
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
-             "-p", str(port)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        base = f"http://127.0.0.1:{port}"
+        pytest.skip("Chromium is not installed (scripts/setup-tests installs Debian's chromium)")
+    port = free_port()
+    env = {**os.environ, "CDC_DEMO_DIR": str(tmp_path / ".cdc-demo"), "CDC_DEMO_UI_PORT": str(port),
+           "CDC_DEMO_BROKER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
+    env.pop("CDC_ASSETS_CONFIG", None)
+    demo = subprocess.Popen(["scripts/demo", "--ui"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        until_ui(demo, port)
+        yield f"http://127.0.0.1:{port}", env
+    finally:
+        os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C
         try:
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    urllib.request.urlopen(base + "/server_info", timeout=2)
-                    break
-                except OSError:
-                    if process.poll() is not None or time.monotonic() > deadline:
-                        raise AssertionError("dagster dev did not start: "
-                                             + (tmp_path / "dagster_dev.log").read_text()[-3000:]) from None
-                    time.sleep(1)
-            yield base
-        finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-            log.close()
+            demo.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(demo.pid, signal.SIGKILL)
+            raise
 
 
 def metadata_value(body: str, key: str) -> str:
@@ -73,10 +56,13 @@ def metadata_value(body: str, key: str) -> str:
     return cells[2]  # key, timestamp, value
 
 
-def test_materialize_all_from_the_ui_and_read_the_metadata(dagster_dev):
+def test_the_tour_in_the_ui(tour):
     from playwright.sync_api import sync_playwright
 
+    base, env = tour
+    IMAGES.mkdir(parents=True, exist_ok=True)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    location = f"{base}/locations/__repository__@cdc_assets.definitions/jobs"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
         page = browser.new_page(viewport={"width": 1600, "height": 1000})
@@ -84,61 +70,81 @@ def test_materialize_all_from_the_ui_and_read_the_metadata(dagster_dev):
             # Dagster's "Join the community" dialog may open at any moment and cover the page: skip it whenever.
             skip = page.get_by_role("button", name="Skip")
             page.add_locator_handler(skip, lambda: skip.click())
-            page.goto(dagster_dev + "/asset-groups")
+
+            # Step 1: the demo's merge is already there, with its materializations.
+            page.goto(base + "/assets/dbserver1/inventory/products")
+            page.get_by_text("rows_inserted").first.wait_for(timeout=60_000)
+            assert int(metadata_value(page.locator("body").inner_text(), "rows_inserted")) == 10
+
+            # Step 2: a round of changes, materialized from the UI.
+            changes = subprocess.run(["scripts/demo", "--changes"], cwd=ROOT, env=env, capture_output=True, text=True,
+                                     timeout=300)
+            assert changes.returncode == 0 and "change round 1: published" in changes.stdout, changes.stderr
+            page.goto(base + "/asset-groups")
             materialize_all = page.get_by_role("button", name="Materialize all")
             materialize_all.wait_for(timeout=60_000)
-            page.screenshot(path=str(ARTIFACTS / "asset_graph.png"))
             for group in ("inventory", "sales"):
                 assert page.get_by_text(group, exact=True).first.is_visible()
+            page.screenshot(path=str(IMAGES / "asset_graph.png"))
+
             # Wait for the launch request's answer: leaving the page before it arrives would cancel the launch.
             def launch(response):
                 return "graphql" in response.url and "LaunchPipelineExecution" in (response.request.post_data or "")
 
             with page.expect_response(launch, timeout=120_000):
                 materialize_all.click()
-
-            # Other runs may be listed too (the freshness schedule runs every 5 minutes): wait for this one's result.
-            page.goto(dagster_dev + "/assets/dbserver1/inventory/products")
+            page.goto(base + "/assets/dbserver1/inventory/products")
             deadline = time.monotonic() + 300
-            while "rows_inserted" not in page.locator("body").inner_text() and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                body = page.locator("body").inner_text()
+                if "delta_version" in body and int(metadata_value(body, "delta_version")) == 2:
+                    break
                 page.wait_for_timeout(3000)
                 page.reload()
-            page.goto(dagster_dev + "/runs")
-            page.wait_for_timeout(3000)
-            page.screenshot(path=str(ARTIFACTS / "runs.png"))
-            runs = page.locator("body").inner_text()
-            assert "Failure" not in runs, f"a run launched from the UI failed: {runs[:2000]}"
-
-            page.goto(dagster_dev + "/assets/dbserver1/inventory/products")
-            page.get_by_text("rows_inserted").first.wait_for(timeout=60_000)
-            # The description renders on its own; reading the page before it shows would race it.
             page.get_by_text("captured by postgresql connector").first.wait_for(timeout=60_000)
-            page.screenshot(path=str(ARTIFACTS / "products_asset.png"), full_page=True)
+            page.screenshot(path=str(IMAGES / "products_asset.png"), full_page=True)
             body = page.locator("body").inner_text()
-            assert int(metadata_value(body, "rows_inserted")) == 10
-            assert int(metadata_value(body, "delta_version")) >= 1
-            assert "inventory.products captured by postgresql connector" in body
+            assert int(metadata_value(body, "delta_version")) == 2  # the round's insert, update and delete
+            assert int(metadata_value(body, "rows_inserted")) == 1 and int(metadata_value(body, "rows_deleted")) == 1
 
-            # The live freshness check, run by its own job (as its schedule does), on the asset's checks tab.
-            location = f"{dagster_dev}/locations/__repository__@cdc_assets.definitions/jobs"
+            page.goto(base + "/runs")
+            page.wait_for_timeout(3000)
+            page.screenshot(path=str(IMAGES / "runs.png"))
+            runs = page.locator("body").inner_text()
+            assert "Failure" not in runs, f"a run failed: {runs[:2000]}"
+
+            # The checks the freshness schedule runs, launched now from its job's launchpad: they pass, with
+            # the lag as a duration.
             page.goto(f"{location}/cdc_freshness_job/playground")
-            launch = page.get_by_role("button", name="Launch Run")
-            launch.wait_for(timeout=60_000)
-            launch.click()
+            launch_run = page.get_by_role("button", name="Launch Run")
+            launch_run.wait_for(timeout=60_000)
+            launch_run.click()
             page.wait_for_timeout(5000)
-            page.goto(dagster_dev + "/assets/dbserver1/inventory/products?view=checks")
+            page.goto(base + "/assets/dbserver1/inventory/products?view=checks")
+            page.get_by_text("capture_lag", exact=True).first.click()
+            page.get_by_text("within the bound of 1 h").first.wait_for(timeout=120_000)
+            page.screenshot(path=str(IMAGES / "capture_lag_check.png"), full_page=True)
+            page.goto(base + "/assets/dbserver1/inventory/products?view=checks")
             page.get_by_text("freshness", exact=True).first.click()
             page.get_by_text("events_waiting").first.wait_for(timeout=60_000)
-            page.screenshot(path=str(ARTIFACTS / "freshness_check.png"), full_page=True)
+            page.screenshot(path=str(IMAGES / "freshness_check.png"), full_page=True)
             shown = page.locator("body").inner_text()
-            assert "Live, on its own schedule" in shown and "events_waiting" in shown
+            assert "Live, on its own schedule" in shown and "nothing waits" in shown
+
+            # The merge job's launchpad: the config a user sets, without the machine's jars and JVM flags.
+            page.goto(f"{location}/cdc_merge_job/playground")
+            page.get_by_role("button", name="Launch Run").wait_for(timeout=60_000)
+            page.get_by_text("resources", exact=False).first.wait_for(timeout=60_000)
+            page.screenshot(path=str(IMAGES / "cdc_merge_job_launchpad.png"))
+            launchpad = page.locator("body").inner_text()
+            assert "spark.jars" not in launchpad and "ExtraJavaOptions" not in launchpad
 
             # The signal jobs' launchpads: typed config for each Debezium signal.
             for job in ("incremental_snapshot_job", "pause_snapshot_job"):
                 page.goto(f"{location}/{job}/playground")
                 page.get_by_role("button", name="Launch Run").wait_for(timeout=60_000)
                 page.get_by_text("send_", exact=False).first.wait_for(timeout=60_000)
-                page.screenshot(path=str(ARTIFACTS / f"{job}_launchpad.png"))
+                page.screenshot(path=str(IMAGES / f"{job}_launchpad.png"))
         finally:
             page.screenshot(path=str(ARTIFACTS / "last_page.png"))
             browser.close()

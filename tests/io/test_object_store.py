@@ -1,0 +1,318 @@
+"""Delta tables on S3-compatible object storage, for both writers, against a real S3-API server (moto's,
+``tests/objectstore.py``): the writer seam, the pipeline's own tables and ``cdc_merge_job`` end to end give
+what they give on local disk. One server and one S3-enabled local Spark server serve the whole module."""
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from cdc_assets.config import ConfigError, parse_config
+from cdc_assets.core.apply_modes import apply_mode
+from cdc_assets.definitions import build_definitions
+from cdc_assets.demo.events import encode_key, envelope, postgres_source
+from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter
+from cdc_assets.io.registry import read_history, record_change
+from cdc_assets.io.signals import SnapshotSignal, audit_signal
+from cdc_assets.io.spark import spark_config
+from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
+from cdc_assets.io.storage import StorageConfigError, delta_rs_options, spark_path, spark_settings
+from cdc_assets.io.transactions import TransactionLog, ingest_transactions
+from tests.conftest import new_topic, produce
+from tests.io.test_delta_writers import SCHEMA, batch, commit
+from tests.objectstore import ACCESS_KEY_ENV, SECRET_KEY_ENV, ObjectStore
+from tests.test_definitions import KEYS, sample_published
+from tests.test_transactions import new_topic_named, tx_event
+
+SCD1 = apply_mode("scd1")
+
+
+@pytest.fixture(scope="module")
+def s3_spark(object_store: ObjectStore) -> Iterator[SparkSession]:
+    """A session on the local Spark server for an S3 root of the module's store: the settings a run with
+    such a ``delta`` config gets (so the Dagster runs below share this server)."""
+    session = connect(ensure_local_server(spark_config(delta_root="s3://any/cdc",
+                                                       storage_options=object_store.storage_options())))
+    yield session
+    disconnect(session)
+
+
+@pytest.fixture
+def bucket(object_store: ObjectStore) -> str:
+    """A fresh bucket of the module's store."""
+    return object_store.create_bucket(f"lake-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(params=["delta-rs", "delta-spark"])
+def s3_writer(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def writer_named(name: str, spark: SparkSession) -> DeltaWriter:
+    return DeltaRsWriter() if name == "delta-rs" else DeltaSparkWriter(spark)
+
+
+def latest_commit(spark: SparkSession, writer: DeltaWriter, target: DeltaTarget) -> dict:
+    """The newest commit's info as each writer's reader gives it: what the batch committed."""
+    if writer.name == "delta-rs":
+        entry = DeltaTable(target.path, storage_options=delta_rs_options(target.storage_options)).history(1)[0]
+    else:
+        entry = spark.sql(f"DESCRIBE HISTORY delta.`{spark_path(target.path)}` LIMIT 1").first().asDict()
+    return {"version": entry["version"], "operation": entry["operation"],
+            "userMetadata": json.loads(entry["userMetadata"])}
+
+
+def table_rows(spark: SparkSession, writer: DeltaWriter, target: DeltaTarget) -> list[tuple]:
+    if writer.name == "delta-rs":
+        rows = DeltaTable(target.path, storage_options=delta_rs_options(target.storage_options)).to_pyarrow_table()
+        rows = rows.to_pylist()
+    else:
+        rows = [r.asDict() for r in spark.read.format("delta").load(spark_path(target.path)).collect()]
+    return sorted(tuple(row[name] for name in SCHEMA.names) for row in rows)
+
+
+def writer_run(spark: SparkSession, writer: DeltaWriter, target: DeltaTarget) -> list:
+    """The writer suite's basic sequence (create, merge, repeat, offsets only): what each step committed, then
+    the table's rows."""
+    steps = [
+        lambda: writer.merge(target, batch(spark, (1, "a", "c", "01"), (2, "b", "c", "02")), ["My Id"],
+                             commit(10, {0: 7, 1: 3}), SCD1),
+        lambda: writer.merge(target, batch(spark, (1, "a2", "u", "03"), (2, None, "d", "04"), (3, "c", "c", "05")),
+                             ["My Id"], commit(12, {0: 9, 1: 3}), SCD1),
+        lambda: writer.merge(target, batch(spark, (9, "z", "c", "09")), ["My Id"], commit(12, {0: 9, 1: 3}), SCD1),
+        lambda: writer.commit_progress(target, commit(13, {0: 10, 1: 3})),
+    ]
+    seen = []
+    for step in steps:
+        outcome = step()
+        progress = writer.read_progress(target, "cdc_assets:t")
+        seen.append((outcome.inserted, outcome.updated, outcome.deleted, outcome.already_applied,
+                     outcome.delta_version, progress.offsets, progress.txn_version, progress.delta_version,
+                     latest_commit(spark, writer, target)))
+    return [*seen, table_rows(spark, writer, target)]
+
+
+def test_the_writer_suite_on_s3_gives_what_it_gives_on_local_disk(s3_spark, object_store, bucket, s3_writer,
+                                                                  tmp_path):
+    writer = writer_named(s3_writer, s3_spark)
+    on_s3 = writer_run(s3_spark, writer, DeltaTarget(f"s3://{bucket}/t", object_store.storage_options()))
+    on_disk = writer_run(s3_spark, writer, DeltaTarget(str(tmp_path / "t")))
+    assert on_s3 == on_disk
+    assert on_s3[-1] == [(1, "a2", "u", "03", None), (3, "c", "c", "05", None)]
+    assert on_s3[2][3]  # the repeated batch was recognised, not applied
+    log = object_store.keys(bucket, "t/_delta_log/")
+    assert [key for key in log if key.endswith(".json")] == [f"t/_delta_log/{v:020d}.json" for v in range(4)]
+
+
+def test_both_writers_read_each_others_tables_on_s3(s3_spark, object_store, bucket):
+    # One config, two writers: a table delta-rs made is merged by delta-spark, and the other way round.
+    options = object_store.storage_options()
+    target = DeltaTarget(f"s3://{bucket}/shared", options)
+    rs, spark_writer = DeltaRsWriter(), DeltaSparkWriter(s3_spark)
+    rs.merge(target, batch(s3_spark, (1, "a", "c", "01")), ["My Id"], commit(1, {0: 1}), SCD1)
+    spark_writer.merge(target, batch(s3_spark, (2, "b", "c", "02")), ["My Id"], commit(2, {0: 2}), SCD1)
+    assert rs.read_progress(target, "cdc_assets:t").offsets == {0: 2}
+    assert table_rows(s3_spark, rs, target) == table_rows(s3_spark, spark_writer, target) == [
+        (1, "a", "c", "01", None), (2, "b", "c", "02", None)]
+
+
+def test_a_delta_rs_commit_prepared_before_another_reached_the_table_is_refused(object_store, bucket):
+    # Two runs of one table: the later commit was prepared on the version before the other's. The store's
+    # put-if-absent (If-None-Match) refuses it, so one version is never committed twice and nothing is lost.
+    from deltalake import write_deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    from cdc_assets.io.delta import commit_properties
+
+    target = DeltaTarget(f"s3://{bucket}/t", object_store.storage_options())
+    options = delta_rs_options(target.storage_options)
+    writer = DeltaRsWriter()
+    writer.merge(target, batch(None, (1, "a", "c", "01")), ["My Id"], commit(1, {0: 1}), SCD1)
+    prepared = DeltaTable(target.path, storage_options=options)
+    writer.merge(target, batch(None, (2, "b", "c", "02")), ["My Id"], commit(2, {0: 2}), SCD1)
+    with pytest.raises(CommitFailedError):
+        write_deltalake(prepared, batch(None, (3, "c", "c", "03")), mode="append",
+                        commit_properties=commit_properties(commit(3, {0: 3})))
+    table = DeltaTable(target.path, storage_options=options)
+    assert [json.loads(entry["userMetadata"])["cdc_assets"]["version"] for entry in table.history()
+            if "userMetadata" in entry] == [2, 1]
+    assert sorted(row["My Id"] for row in table.to_pyarrow_table().to_pylist()) == [1, 2]
+
+
+def test_wrong_keys_are_refused_by_the_store(object_store, bucket, monkeypatch):
+    # The server checks signatures: a writer given other keys than the store's fails, so the tests
+    # above show that the keys named by environment variable reach the store.
+    target = DeltaTarget(f"s3://{bucket}/t", object_store.storage_options())
+    monkeypatch.setenv(SECRET_KEY_ENV, "not-the-secret")
+    with pytest.raises(Exception, match=r"(?i)privileges|signature|forbidden|403"):
+        DeltaRsWriter().merge(target, batch(None, (1, "a", "c", "01")), ["My Id"], commit(1, {0: 1}), SCD1)
+    monkeypatch.delenv(SECRET_KEY_ENV)
+    with pytest.raises(StorageConfigError, match=f"secret_access_key_env: environment variable {SECRET_KEY_ENV} "
+                                                 "is not set"):
+        DeltaRsWriter().read_progress(target, "cdc_assets:t")
+
+
+def test_the_pipelines_own_tables_live_under_an_s3_root(broker, object_store, bucket):
+    root, options = f"s3://{bucket}/cdc", object_store.storage_options()
+    columns = T.StructType([T.StructField("id", T.LongType())])
+    registry = f"{root}/_cdc_assets/schema_registry"
+    for change, offset in (("CREATE", 4), ("ALTER", 9)):
+        record_change(registry, options, connector="c", table="s.t", change=change, primary_keys=("id",),
+                      columns=columns, source_position="00", topic="c.schema", partition=0, offset=offset,
+                      run_id="r")
+    assert [entry.change for entry in read_history(registry, options)[("c", "s.t")]] == ["CREATE", "ALTER"]
+
+    audit = f"{root}/_cdc_assets/signals"
+    sent = audit_signal(audit, options, SnapshotSignal("sig-1", "execute-snapshot", ("s.t",)), "kafka", "c", "r")
+    stored = DeltaTable(audit, storage_options=delta_rs_options(options)).to_pyarrow_table().to_pylist()
+    assert [(row["id"], row["payload"]) for row in stored] == [(sent["id"], sent["payload"])]
+
+    tx_topic = new_topic_named(broker, f"{new_topic(broker, 'txs3').replace('.', '_')}.transaction")
+    produce(broker, tx_topic, [tx_event("BEGIN", "581"), tx_event("END", "581", {"s.a": 2})])
+    log = TransactionLog(tx_topic, DeltaTarget(f"{root}/_cdc_assets/transactions/{tx_topic}", options), "postgresql")
+    from cdc_assets.io.kafka_source import KafkaSource
+
+    source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "cdc-tests"})
+    try:
+        assert ingest_transactions(source, log) == 2
+        assert ingest_transactions(source, log) == 0  # recorded once: the log's own offsets say so
+    finally:
+        source.close()
+    assert [(offset, collections) for offset, _, collections in log.ends_after(-1)] == [(1, {"s.a": 2})]
+    assert object_store.keys(bucket, "cdc/_cdc_assets/transactions/")  # on the store, not on local disk
+
+
+JOB_CONFIG = """\
+kafka: {{bootstrap_servers: "{bootstrap}"}}
+delta:
+  root: "s3://{bucket}/cdc"
+  writer: {writer}
+  storage_options: {options}
+connectors:
+  - name: inventory
+    kind: postgresql
+    topic.prefix: dbserver1
+    tables: [{{name: inventory.products}}, {{name: inventory.customers}}]
+  - name: sales
+    kind: sqlserver
+    topic.prefix: server1
+    tables: [{{name: dbo.orders}}]
+  - name: shop
+    kind: postgresql
+    topic.prefix: {prefix}
+    tables: [{{name: s.t, on_bad_event: dead_letter}}]
+"""
+
+
+@pytest.mark.parametrize("writer_name", ["auto", "delta-spark"])
+def test_merge_job_end_to_end_on_s3(s3_spark, broker, object_store, bucket, writer_name):
+    sample_published(broker)
+    prefix = f"shop{uuid.uuid4().hex[:8]}"
+    topic = new_topic_named(broker, f"{prefix}.s.t")
+    produce(broker, topic, [(encode_key({"id": key}), envelope("c", None, {"id": key, "v": f"v{key}"},
+                                                               postgres_source(100 + key, 0, "s", "t"), 100 + key))
+                            for key in range(3)] + [(encode_key({"id": 99}), b"not json")])
+    options = object_store.storage_options()
+    config = parse_config(JOB_CONFIG.format(bootstrap=broker.bootstrap_servers, bucket=bucket, writer=writer_name,
+                                            options=json.dumps(options), prefix=prefix))
+    defs = build_definitions(config)
+    with DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
+    assert result.success
+    metadata = {m.asset_key: m.materialization.metadata for m in result.get_asset_materialization_events()}
+    products = metadata[KEYS[0]]
+    assert products["rows_inserted"].value == 10 and products["tombstones_skipped"].value == 1
+    assert products["events_read"].value == 16 and products["delta_version"].value == 1
+    assert products["offsets"].value == {"0": {"from": 0, "to": 16, "high_watermark": 16}}
+
+    read = delta_rs_options(options)
+    orders = DeltaTable(f"s3://{bucket}/cdc/server1/dbo/orders", storage_options=read).to_pyarrow_table().to_pylist()
+    assert sorted(row["id"] for row in orders) == [10001, 10003, 10004, 10005]  # 10002 became 10005
+    assert next(row for row in orders if row["id"] == 10001)["quantity"] == 9
+    shop = DeltaTable(f"s3://{bucket}/cdc/{prefix}/s/t", storage_options=read).to_pyarrow_table().to_pylist()
+    assert sorted((row["id"], row["v"]) for row in shop) == [(0, "v0"), (1, "v1"), (2, "v2")]
+    dead = DeltaTable(f"s3://{bucket}/cdc/_cdc_assets/dead_letter", storage_options=read).to_pyarrow_table()
+    assert [(row["topic"], row["offset"]) for row in dead.to_pylist()] == [(topic, 3)]
+    history = DeltaTable(f"s3://{bucket}/cdc/server1/dbo/orders", storage_options=read).history(1)[0]
+    ends = {partition: read["to"] for partition, read in metadata[KEYS[2]]["offsets"].value.items()}
+    assert json.loads(history["userMetadata"])["cdc_assets"]["offsets"] == ends
+    # The writer asked for made the commit: Spark names itself in engineInfo, delta-rs in clientVersion.
+    committer = history.get("engineInfo", "") if writer_name == "delta-spark" else history.get("clientVersion", "")
+    assert ("Spark" if writer_name == "delta-spark" else "delta-rs") in committer, history
+
+
+def test_storage_config_is_refused_at_load_naming_the_field():
+    def load(delta: str) -> None:
+        parse_config(f"kafka: {{bootstrap_servers: x}}\ndelta: {delta}\n"
+                     "connectors: [{name: c, kind: postgresql, topic.prefix: p, tables: [{name: s.t}]}]\n", "p.yaml")
+
+    with pytest.raises(ConfigError, match=re.escape("delta.storage_options.secret_access_key carries a secret")):
+        load("{root: 's3://lake/cdc', storage_options: {access_key_id_env: A, secret_access_key: inline}}")
+    with pytest.raises(ConfigError, match=re.escape("delta.storage_options.secret_access_key_env is missing")):
+        load(f"{{root: 's3://lake/cdc', storage_options: {{access_key_id_env: {ACCESS_KEY_ENV}}}}}")
+    with pytest.raises(ConfigError, match="an ADLS root needs a credential"):
+        load("{root: 'abfss://c@acct.dfs.core.windows.net/cdc'}")
+    with pytest.raises(ConfigError, match=re.escape("delta.storage_options.account_name is missing")):
+        load("{root: 'abfss://c/cdc', storage_options: {account_key_env: K}}")
+    with pytest.raises(ConfigError, match=re.escape("delta.storage_options.tenant_id is missing")):
+        load("{root: 'abfss://c@acct.dfs.core.windows.net/cdc', "
+             "storage_options: {client_secret_env: S, client_id: i}}")
+    load("{root: 'gs://bucket/cdc', storage_options: {service_account_path: /etc/key.json}}")
+
+
+def test_azure_and_gcs_settings_for_spark_name_secrets_by_environment_variable_only():
+    abfss = spark_settings("abfss://c@acct.dfs.core.windows.net/cdc", {"account_key_env": "AZ_KEY"})
+    assert abfss == {"spark.hadoop.fs.azure.account.key.acct.dfs.core.windows.net": "${env.AZ_KEY}"}
+    oauth = spark_settings("abfss://c@acct.dfs.core.windows.net/cdc",
+                           {"client_id": "app", "tenant_id": "ten", "client_secret_env": "AZ_SECRET"},
+                           session_level=True)
+    host = "acct.dfs.core.windows.net"
+    assert oauth[f"fs.azure.account.oauth2.client.secret.{host}"] == "${env.AZ_SECRET}"
+    assert oauth[f"fs.azure.account.oauth2.client.endpoint.{host}"] == \
+        "https://login.microsoftonline.com/ten/oauth2/token"
+    gcs = spark_settings("gs://bucket/cdc", {"service_account_path": "/etc/key.json"})
+    assert gcs["spark.hadoop.fs.gs.auth.service.account.json.keyfile"] == "/etc/key.json"
+    assert spark_settings("/tmp/lake", {}) == {} and spark_path("s3://b/t") == "s3a://b/t"
+
+
+def test_only_sessions_for_an_s3_root_get_the_s3_connector_and_its_settings(object_store):
+    options = object_store.storage_options()
+    local_disk, on_s3 = spark_config(delta_root="/tmp/lake"), spark_config(delta_root="s3://b/cdc",
+                                                                           storage_options=options)
+    assert "hadoop-aws" not in local_disk["spark.jars"] and not any("s3a" in key for key in local_disk)
+    assert "hadoop-aws-" in on_s3["spark.jars"] and "bundle-" in on_s3["spark.jars"]
+    assert on_s3["spark.hadoop.fs.s3a.endpoint"] == object_store.endpoint
+    assert on_s3["spark.hadoop.fs.s3a.access.key"] == "${env." + ACCESS_KEY_ENV + "}"
+    assert object_store.secret_key not in json.dumps(on_s3)  # names only, never a secret
+    # A remote Spark Connect server brings its own jars, and takes the settings per session.
+    remote = spark_config(remote="sc://spark:15002", delta_root="s3://b/cdc", storage_options=options)
+    assert "spark.jars" not in remote and remote["fs.s3a.path.style.access"] == "true"
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "storage.md"
+
+
+def test_the_storage_docs_configs_load_and_the_s3_one_works_as_written(object_store, monkeypatch):
+    # Every config block of docs/storage.md loads; the S3 one, pointed at this store by the variables it
+    # reads, commits a batch to s3://lake/cdc as written.
+    blocks = re.findall(r"```yaml\n(.*?)```", DOCS.read_text(), re.DOTALL)
+    assert len(blocks) == 3
+    monkeypatch.setenv("S3_ENDPOINT", object_store.endpoint)
+    monkeypatch.setenv("S3_ACCESS_KEY_ID", object_store.access_key)
+    monkeypatch.setenv("S3_SECRET_ACCESS_KEY", object_store.secret_key)
+    configs = [parse_config(block, "docs/storage.md") for block in blocks]
+    s3 = configs[0].delta
+    assert s3.root == "s3://lake/cdc"
+    object_store.create_bucket("lake")
+    target = DeltaTarget(f"{s3.root}/t", s3.storage_options)
+    DeltaRsWriter().merge(target, batch(None, (1, "a", "c", "01")), ["My Id"], commit(1, {0: 1}), SCD1)
+    assert DeltaRsWriter().read_progress(target, "cdc_assets:t").offsets == {0: 1}
+    assert spark_settings(s3.root, s3.storage_options)["spark.hadoop.fs.s3a.secret.key"] == \
+        "${env.S3_SECRET_ACCESS_KEY}"
