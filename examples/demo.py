@@ -78,14 +78,16 @@ def print_tables(env: Mapping[str, str]) -> None:
     tables = resolve_tables(load_config())
     for table in tables:
         delta = DeltaTable(table.target.path)
-        rows = delta.to_pandas()
+        # One thread: pyarrow's scanner threads can abort the interpreter at exit (apache/arrow#34314).
+        rows = delta.to_pyarrow_dataset().to_table(use_threads=False).to_pandas()
         visible = [column for column in rows.columns if not column.startswith("_cdc_")]
         print(f"\n{table.topic}: {len(rows)} rows, Delta version {delta.version()}, {table.target.path}")
         print(rows[visible].sort_values(visible[0]).head(SHOWN_ROWS).to_string(index=False))
     path = os.path.relpath(tables[0].target.path)
     print(f"""
 Query them (columns starting _cdc_ are the pipeline's: positions, offsets, versions):
-  python -c "from deltalake import DeltaTable; print(DeltaTable('{path}').to_pandas())"
+  python -c "import pyarrow as pa; from deltalake import DeltaTable, QueryBuilder; print(pa.table(QueryBuilder()\
+.register('t', DeltaTable('{path}')).execute('SELECT * FROM t').read_all()).to_pandas())"
   Spark SQL (delta-spark):  SELECT * FROM delta.`{path}`""")
 
 

@@ -50,7 +50,9 @@ def _key_filter(key: Mapping[str, Any]) -> pds.Expression:
 
 
 def _rows(table: DeltaTable, key: Mapping[str, Any]) -> list[dict[str, Any]]:
-    return table.to_pyarrow_dataset().to_table(filter=_key_filter(key)).to_pylist()
+    # One thread: pyarrow's scanner threads left alive abort the interpreter at exit now and then
+    # ("terminate called without an active exception", apache/arrow#34314), and a key's rows are few.
+    return table.to_pyarrow_dataset().to_table(filter=_key_filter(key), use_threads=False).to_pylist()
 
 
 def _commit_offsets(entry: Mapping[str, Any]) -> dict[str, int] | None:
