@@ -236,7 +236,7 @@ def write_config(work: Path, bootstrap: str, tables: int, root: Path, writer: st
     return path
 
 
-def child(config_path: Path, profile: bool, quiet: bool = False) -> None:
+def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: bool = False) -> None:
     """One ``cdc_merge_job`` run in this (fresh) process; prints one ``RESULT {json}`` line. ``quiet``: the
     tables are caught up; the run's instance keeps its events on disk (as a deployment's does) and after the
     run ``cdc_merge_schedule`` ticks on it (``tick_s``: each tick's seconds, the code location loaded)."""
@@ -250,24 +250,27 @@ def child(config_path: Path, profile: bool, quiet: bool = False) -> None:
         config = load_config(config_path)
         job = build_definitions(config).resolve_job_def("cdc_merge_job")
         # A run worker has its instance (and code location) before its run.
-        instance = DagsterInstance.local_temp(tempfile.mkdtemp(prefix="cdc-w2-home-")) if quiet else \
+        instance = DagsterInstance.local_temp(tempfile.mkdtemp(prefix="cdc-w2-home-")) if quiet or ticks_only else \
             DagsterInstance.ephemeral()
         profiler = cProfile.Profile() if profile else None
         started, started_at = time.perf_counter(), time.time()
         if profiler:
             profiler.enable()
-        result = job.execute_in_process(instance=instance, raise_on_error=False)
+        result = None if ticks_only else job.execute_in_process(instance=instance, raise_on_error=False)
         if profiler:
             profiler.disable()
         wall = time.perf_counter() - started
         ticks, skipped = [], None
-        if quiet:
+        if quiet or ticks_only:
             schedule = build_definitions(config).get_schedule_def("cdc_merge_schedule")
             for _ in range(3):
                 mark = time.perf_counter()
                 data = schedule.evaluate_tick(build_schedule_context(instance=instance))
                 ticks.append(time.perf_counter() - mark)
-                skipped = data.skip_message
+                skipped = data.skip_message or f"a run of {len(data.run_requests[0].asset_selection or [])} tables"
+    if result is None:  # the ticks alone, on an instance with no materialization: every table requested
+        print("RESULT " + json.dumps({"tick_s": ticks, "skipped": skipped}), flush=True)
+        os._exit(0)
     if not result.success:
         failures = [str(e.event_specific_data) for e in result.all_events if e.is_failure][:3]
         raise SystemExit("cdc_merge_job failed: " + "\n".join(failures))
@@ -301,7 +304,8 @@ def child(config_path: Path, profile: bool, quiet: bool = False) -> None:
     os._exit(0)
 
 
-def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label: str, quiet: bool = False) -> dict:
+def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label: str, quiet: bool = False,
+              ticks_only: bool = False) -> dict:
     broker_pid = broker.pid
     assert broker_pid is not None
     wait_until_idle(broker_pid)
@@ -310,7 +314,8 @@ def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label
     with contextlib.ExitStack() as stack:
         server_rss = [stack.enter_context(PeakRss(exclude_pid=-1, pid=pid)) for pid in servers]
         command = [sys.executable, "-m", "benchmarks.many_tables", "--child", str(config_path)]
-        done = subprocess.run(command + (["--profile"] if profile else []) + (["--quiet"] if quiet else []),
+        done = subprocess.run(command + (["--profile"] if profile else []) + (["--quiet"] if quiet else [])
+                              + (["--ticks-only"] if ticks_only else []),
                               capture_output=True, text=True,
                               cwd=Path(__file__).resolve().parent.parent)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -369,9 +374,11 @@ def main() -> None:
                         help="runs after the measured ones with nothing new in any topic (a quiet schedule tick)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ticks-only", action="store_true",
+                        help="no merge: cdc_merge_schedule's ticks alone over the produced tables (each requested)")
     args = parser.parse_args()
     if args.child:
-        child(Path(args.child), args.profile, args.quiet)
+        child(Path(args.child), args.profile, args.quiet, args.ticks_only)
         return
 
     with tempfile.TemporaryDirectory(prefix="cdc-w2-") as scratch, \
@@ -382,6 +389,23 @@ def main() -> None:
         oracle, events = produce(broker.bootstrap_servers, args.tables, args.events, args.partitions)
         print(f"W2: {args.tables} tables x {args.events} events ({events:,} events, {args.partitions} partitions "
               f"each), writer {args.writer}; produced in {time.perf_counter() - started:.1f} s", flush=True)
+        if args.ticks_only:
+            config = write_config(work, broker.bootstrap_servers, args.tables, work / "delta-ticks", args.writer)
+            wait_until_idle(broker.pid or 0)
+            started = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "benchmarks.many_tables", "--child", str(config),
+                                   "--ticks-only"], capture_output=True, text=True,
+                                  cwd=Path(__file__).resolve().parent.parent)
+            whole = time.perf_counter() - started
+            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+            if done.returncode != 0 or not lines:
+                raise SystemExit(f"ticks failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            ticks = json.loads(lines[-1].removeprefix("RESULT "))
+            print(f"cdc_merge_schedule ticks over {args.tables} tables (code location loaded, no materialization "
+                  "yet): " + ", ".join(f"{1000 * tick:.0f} ms" for tick in ticks["tick_s"])
+                  + f" ({1000 * min(ticks['tick_s']) / args.tables:.2f} ms a table); it asked for "
+                  f"{ticks['skipped']}; the process, start-up and definitions load included: {whole:.1f} s")
+            return
         try:
             warm_tables = min(args.warm_tables or args.tables, args.tables)
             warm_ups = warm_until_steady(lambda number: run_child(
