@@ -145,13 +145,17 @@ def test_status_and_stop_keep_to_this_checkouts_servers_unless_all(tmp_path, mon
     import json
     import socket
     import subprocess
+    import sys
 
     from cdc_assets.io.spark_server import CHECKOUT, main
 
     monkeypatch.setenv("CDC_SPARK_SERVER_DIR", str(tmp_path))
     servers = {}
     for name, checkout in (("ours", CHECKOUT), ("theirs", "/elsewhere/cdc-assets")):
-        process = subprocess.Popen(["sleep", "300"])
+        # A stand-in that takes SIGTERM whatever signal state the test process hands down to its children.
+        process = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}); "
+                                    "signal.signal(signal.SIGTERM, signal.SIG_DFL); time.sleep(300)"])
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen()
