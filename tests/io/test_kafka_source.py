@@ -202,18 +202,31 @@ def test_batches_read_every_record_once_in_contiguous_runs(broker, source, max_r
     sizes = {0: 37, 1: 5, 2: 61}
     for partition, size in sizes.items():
         produce(broker, topic, records(size, f"p{partition}-"), partition=partition)
-    seen, offsets = [], None
-    for _ in range(200):
+    batches = _drain(source, topic, max_records)
+    assert all(0 < batch.records.num_rows <= max_records for batch in batches)
+    assert sorted(_records_of(batches)) == [(p, o) for p, size in sizes.items() for o in range(size)]
+
+
+def _drain(source, topic, max_records, cut=None, most=200):
+    """The batches that read ``topic`` from its start to its end (read ahead), each checked to hold contiguous
+    runs from its start offsets, and each to start where the one before it ended."""
+    batches, offsets = [], None
+    for _ in range(most):
         batch = source.read_batch(topic, offsets, max_records=max_records, max_bytes=10**9, poll_timeout_s=10,
-                                  read_ahead=True)
-        assert 0 < batch.records.num_rows <= max_records
+                                  read_ahead=True, cut=cut)
+        assert offsets is None or batch.start_offsets == offsets
         for partition, run in _by_partition(batch).items():
             assert run == list(range(batch.start_offsets[partition], batch.end_offsets[partition]))
-        seen += [(p, o) for p, run in _by_partition(batch).items() for o in run]
+        batches.append(batch)
         offsets = batch.end_offsets
         if batch.caught_up:
             break
-    assert sorted(seen) == [(p, o) for p, size in sizes.items() for o in range(size)]
+    return batches
+
+
+def _records_of(batches):
+    """The (partition, offset) of every record the ``batches`` hold."""
+    return [(p, o) for batch in batches for p, run in _by_partition(batch).items() for o in run]
 
 
 def test_a_byte_bound_reached_mid_fetch_loses_nothing(broker, source):
@@ -405,19 +418,8 @@ def test_a_cut_on_several_partitions_loses_and_repeats_nothing(broker, source):
     def half_of_each_partition_s_part(batch):
         return {p: end - (end - batch.start_offsets[p]) // 2 for p, end in batch.end_offsets.items()}
 
-    seen, offsets, batches = [], None, []
-    for _ in range(100):
-        batch = source.read_batch(topic, offsets, max_records=24, max_bytes=10**9, poll_timeout_s=10,
-                                  read_ahead=True, cut=half_of_each_partition_s_part)
-        batches.append(batch)
-        assert offsets is None or batch.start_offsets == offsets
-        for partition, run in _by_partition(batch).items():
-            assert run == list(range(batch.start_offsets[partition], batch.end_offsets[partition]))
-        seen += [(p, o) for p, run in _by_partition(batch).items() for o in run]
-        offsets = batch.end_offsets
-        if batch.caught_up:
-            break
-    assert sorted(seen) == [(p, o) for p, size in sizes.items() for o in range(size)]
+    batches = _drain(source, topic, 24, cut=half_of_each_partition_s_part, most=100)
+    assert sorted(_records_of(batches)) == [(p, o) for p, size in sizes.items() for o in range(size)]
     assert sum(b.records_read for b in batches) == sum(sizes.values())
     assert sum("read_ahead_s" in b.timings for b in batches) == len(batches) - 1
 
