@@ -202,8 +202,9 @@ def alltypes_changes(sql: PsycopgLike, rng: random.Random, ids: list[int], next_
 
 
 @dataclass
-class World:
-    """The captured database after the workload, and where everything went."""
+class CapturedDatabase:
+    """A MariaDB database captured by a connector of the Connect worker, and where its tables go; its marker
+    rows (table ``cdc_marker``) tell when the connector has produced everything written before them."""
 
     mariadb: MariaDBServer
     worker: ConnectWorker
@@ -212,9 +213,55 @@ class World:
     bootstrap_servers: str
     root: Path
     marker: int = 0
+    consumers: dict[str, Consumer] = field(default_factory=dict)
+
+    def consumer(self, topic: str) -> Consumer:
+        """A consumer of ``topic`` from its beginning (one per topic, kept open until ``close``)."""
+        if topic not in self.consumers:
+            consumer = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": f"{topic}-{uuid.uuid4()}",
+                                 "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                                 # The topic may not exist yet: look again soon, not after librdkafka's 5 minutes.
+                                 "topic.metadata.refresh.interval.ms": 1000})
+            consumer.subscribe([topic])
+            self.consumers[topic] = consumer
+        return self.consumers[topic]
+
+    def close(self) -> None:
+        """Close the consumers."""
+        for consumer in self.consumers.values():
+            consumer.close()
+
+    def markers_seen(self, timeout_s: float) -> int:
+        """The highest marker the connector has produced within ``timeout_s`` (0: none)."""
+        consumer, seen = self.consumer(f"{self.prefix}.{self.database}.cdc_marker"), 0
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and seen < self.marker:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None and message.key() is not None:
+                seen = max(seen, json.loads(message.key())["payload"]["id"])
+        return seen
+
+    def wait_for_marker(self, sql: PsycopgLike, timeout_s: float = 180) -> None:
+        """Write the next marker row and wait until the connector has produced it (and so all before it); with
+        ``snapshot.mode=no_data`` only rows written once it streams come through, so the first wait writes markers
+        until one does."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.marker += 1
+            sql.execute("INSERT INTO cdc_marker VALUES (%s)", [self.marker])
+            if self.markers_seen(3) >= self.marker:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"marker {self.marker} not produced in {timeout_s}s: "
+                                     f"{self.worker.status(self.prefix)}\n{self.worker.log_tail()}")
+
+
+@dataclass
+class World(CapturedDatabase):
+    """The captured database after the workload, and where everything went."""
+
     midstream_failures: list[str] = field(default_factory=list)
     merged: list[str] | None = None
-    consumer: Consumer | None = None
 
     def config(self) -> str:
         """The pipeline config: one ``mariadb`` connector, alltypes, nokey and rnd in every apply mode (delta-rs: the
@@ -246,23 +293,6 @@ connectors:
         """The Delta path of a table (default path, or the ``m/`` one of the other apply modes)."""
         return self.root / "m" / table if table in ("rnd_soft", "rnd_scd2") else \
             self.root / self.prefix / self.database / table
-
-    def wait_for_marker(self, sql: PsycopgLike, timeout_s: float = 180) -> None:
-        """Write the next marker row and wait until the connector has produced it."""
-        self.marker += 1
-        sql.execute("INSERT INTO cdc_marker VALUES (%s)", [self.marker])
-        if self.consumer is None:
-            self.consumer = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": f"marker-{self.prefix}",
-                                      "auto.offset.reset": "earliest", "enable.auto.commit": False})
-            self.consumer.subscribe([f"{self.prefix}.{self.database}.cdc_marker"])
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            message = self.consumer.poll(1)
-            if message is not None and message.error() is None and message.key() is not None \
-                    and json.loads(message.key())["payload"]["id"] >= self.marker:
-                return
-        raise AssertionError(f"marker {self.marker} not produced in {timeout_s}s: {self.worker.status(self.prefix)}\n"
-                             f"{self.worker.log_tail()}")
 
 
 @pytest.fixture(scope="module")
@@ -315,8 +345,7 @@ def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker,
             world.wait_for_marker(sql)
             yield world
         finally:
-            if world.consumer is not None:
-                world.consumer.close()
+            world.close()
             connect_worker.delete(prefix)
 
 

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import ExecuteInProcessResult
 from deltalake import DeltaTable
@@ -33,7 +32,7 @@ from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.transactions import consistent_versions
 from tests.conformance import harness as h
 from tests.conformance import workloads as w
-from tests.conformance.test_mariadb import PsycopgLike
+from tests.conformance.test_mariadb import CapturedDatabase, PsycopgLike
 from tests.connect import ConnectWorker
 from tests.mariadb import MariaDBServer
 
@@ -89,23 +88,15 @@ def tx_changes(sql: PsycopgLike, rng: random.Random, ids: dict[str, list[int]], 
 
 
 @dataclass
-class World:
+class World(CapturedDatabase):
     """The captured database after the workload, and where everything went."""
 
-    mariadb: MariaDBServer
-    worker: ConnectWorker
-    database: str
-    prefix: str
-    bootstrap_servers: str
-    root: Path
-    marker: int = 0
     tx_sizes: list[dict[str, int]] = field(default_factory=list)
     midstream_tx: list[str] = field(default_factory=list)
     midstream_trunc: list[str] = field(default_factory=list)
     notifications: list[dict[str, Any]] = field(default_factory=list)
     before_truncate: list[dict[str, Any]] = field(default_factory=list)
     tx_result: ExecuteInProcessResult | None = None
-    consumers: dict[str, Consumer] = field(default_factory=dict)
 
     def config(self, aspect: str, tables: str, extra: str = "") -> str:
         """A pipeline config of the connector for one aspect (``tx``, ``snap``, ``trunc``: its own Delta root)."""
@@ -146,41 +137,6 @@ connectors:
     def path(self, aspect: str, table: str) -> Path:
         """The default Delta path of a table under an aspect's root."""
         return self.root / aspect / self.prefix / self.database / table
-
-    def consumer(self, topic: str) -> Consumer:
-        """A consumer of ``topic`` from its beginning (one per topic, kept open)."""
-        if topic not in self.consumers:
-            consumer = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": f"{topic}-{uuid.uuid4()}",
-                                 "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                                 # The topic may not exist yet: look again soon, not after librdkafka's 5 minutes.
-                                 "topic.metadata.refresh.interval.ms": 1000})
-            consumer.subscribe([topic])
-            self.consumers[topic] = consumer
-        return self.consumers[topic]
-
-    def markers_seen(self, timeout_s: float) -> int:
-        """The highest marker the connector has produced within ``timeout_s`` (0: none)."""
-        consumer, seen = self.consumer(f"{self.prefix}.{self.database}.cdc_marker"), 0
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and seen < self.marker:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None and message.key() is not None:
-                seen = max(seen, json.loads(message.key())["payload"]["id"])
-        return seen
-
-    def wait_for_marker(self, sql: PsycopgLike, timeout_s: float = 180) -> None:
-        """Write the next marker row and wait until the connector has produced it (and so all before it); with
-        ``snapshot.mode=no_data`` only rows written once it streams come through, so the first wait writes markers
-        until one does."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            self.marker += 1
-            sql.execute("INSERT INTO cdc_marker VALUES (%s)", [self.marker])
-            if self.markers_seen(3) >= self.marker:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"marker {self.marker} not produced in {timeout_s}s: "
-                                     f"{self.worker.status(self.prefix)}\n{self.worker.log_tail()}")
 
     def completed_snapshots(self) -> int:
         """Incremental snapshots the connector announced as completed on its notification topic so far."""
@@ -275,8 +231,7 @@ def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker,
             world.wait_for_marker(sql)
             yield world
         finally:
-            for consumer in world.consumers.values():
-                consumer.close()
+            world.close()
             connect_worker.delete(prefix)
             os.environ.pop(SIGNAL_DSN_ENV, None)
 
