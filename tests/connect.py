@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cdc_assets.demo.broker import _die_with_parent, _java, free_port
+from cdc_assets.demo.broker import _die_with_parent, _java, free_port, log4j2_properties
 from tests.processes import terminate
 
 CONNECT_LIBS = Path(sys.prefix) / "share" / "cdc-assets" / "connect"
@@ -29,21 +29,8 @@ CONNECT_PLUGINS = Path(sys.prefix) / "share" / "cdc-assets" / "connect-plugins"
 HEAP = "768m"
 # Debezium's and the worker's own lifecycle lines at INFO; the clients' chatter (every producer's and
 # consumer's config dump, metadata updates) only from WARN.
-_LOG4J2 = """\
-status = error
-appender.out.type = Console
-appender.out.name = out
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = info
-rootLogger.appenderRef.out.ref = out
-logger.clients.name = org.apache.kafka.clients
-logger.clients.level = warn
-logger.common.name = org.apache.kafka.common
-logger.common.level = warn
-logger.reflections.name = org.reflections
-logger.reflections.level = error
-"""
+_LOG4J2 = log4j2_properties("info", {"org.apache.kafka.clients": "warn", "org.apache.kafka.common": "warn",
+                                    "org.reflections": "error"})
 
 
 class ConnectError(RuntimeError):

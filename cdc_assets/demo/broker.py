@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -65,16 +66,19 @@ def produce_waiting(producer: Producer, topic: str, key: bytes | None, value: by
             return
         except BufferError:
             producer.poll(wait_s)
+def log4j2_properties(root_level: str, levels: Mapping[str, str] | None = None) -> str:
+    """A log4j 2 properties config for a Kafka JVM: one console appender (its output goes to the process's log
+    file), the root logger at ``root_level`` and the named loggers at ``levels``."""
+    lines = ["status = error", "appender.out.type = Console", "appender.out.name = out",
+             "appender.out.layout.type = PatternLayout", "appender.out.layout.pattern = [%d] %p %m (%c)%n",
+             f"rootLogger.level = {root_level}", "rootLogger.appenderRef.out.ref = out"]
+    for number, (name, level) in enumerate((levels or {}).items()):
+        lines += [f"logger.l{number}.name = {name}", f"logger.l{number}.level = {level}"]
+    return "\n".join(lines) + "\n"
+
+
 # Kafka logs through log4j 2; only warnings and errors go to the broker's log file.
-_LOG4J2 = """\
-status = error
-appender.out.type = Console
-appender.out.name = out
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = warn
-rootLogger.appenderRef.out.ref = out
-"""
+_LOG4J2 = log4j2_properties("warn")
 
 
 def free_port() -> int:
