@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +11,8 @@ from dagster import (
     AssetSelection,
     DagsterInstance,
     DefaultScheduleStatus,
+    EventLogEntry,
+    JsonMetadataValue,
     RunRequest,
     ScheduleDefinition,
     ScheduleEvaluationContext,
@@ -88,19 +89,17 @@ def pending_tables(tables: Mapping[AssetKey, CapturedTable], instance: DagsterIn
     latest = instance.get_latest_materialization_events(tables)
     ends = probe.end_offsets(table.topic for table in tables.values())
     return {key: table for key, table in tables.items()
-            if _recorded_ends(latest.get(key)) != ends.get(table.topic, {}) or table.topic not in ends}
+            if table.topic not in ends or _recorded_ends(latest.get(key)) != ends[table.topic]}
 
 
-def _recorded_ends(entry: Any) -> dict[int, int] | None:
-    """The end offsets per partition a materialization's ``offsets`` metadata recorded, or None."""
+def _recorded_ends(entry: EventLogEntry | None) -> dict[int, int] | None:
+    """The end offsets per partition a materialization's ``offsets`` metadata (``report_metadata``) recorded, or
+    None (no materialization, or one of a schema change)."""
     materialization = entry.asset_materialization if entry is not None else None
     offsets = materialization.metadata.get("offsets") if materialization is not None else None
-    if offsets is None:
+    if not isinstance(offsets, JsonMetadataValue) or not isinstance(offsets.value, dict):
         return None
-    recorded = offsets.value if hasattr(offsets, "value") else offsets
-    if isinstance(recorded, str):
-        recorded = json.loads(recorded)
-    return {int(partition): int(span["to"]) for partition, span in recorded.items()}
+    return {int(partition): int(span["to"]) for partition, span in offsets.value.items()}
 
 
 def configured_schedule(name: str, job: JobDefinition | UnresolvedAssetJobDefinition,
