@@ -3,12 +3,21 @@ check the Delta table against the reference fold of everything produced.
 
 Each trial merges the same topic into a fresh Delta table in small batches, in a worker process
 that is killed either at a named point (after consuming, after the Spark fold, after the Delta
-commit) or at a random moment (which lands in consuming, folding, the commit, or between batches).
-A normal rerun then catches up. The trial passes when the table equals the reference (no key lost,
-none duplicated), the committed offsets reach the end of every partition, and the Delta history
-never commits the same offsets twice.
+commit) or at a random moment inside the work. The random moment is timed from the run's own
+progress: the worker prints a marker at each point it passes (consumed, folded, committed, batch
+by batch) and, at a random marker, arms a timer for a random fraction of how long the phase after
+that marker lasted the time before, so the kill lands inside a fold, a MERGE and its commit, or
+the read of the next batch. Each such trial prints where the kill landed, from the markers the
+worker printed before it; a worker that finished before its timer fired is a missed aim, and the
+script reports how many random kills landed inside the work. A normal rerun then catches up. The
+trial passes when the table equals the reference (no key lost, none duplicated), the committed
+offsets reach the end of every partition, and the Delta history never commits the same offsets
+twice.
 
-    python benchmarks/crash_trials.py [--trials 20] [--events 20000]
+``--store s3`` keeps the tables under an ``s3://`` root on a private S3-API server (moto's, the
+tests' ``tests/objectstore.py``: run ``scripts/setup-tests`` first), checked the same way.
+
+    python benchmarks/crash_trials.py [--trials 20] [--events 20000] [--store local|s3]
 """
 
 from __future__ import annotations
@@ -16,20 +25,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
 
-POINTS = ("consumed", "folded", "committed", "random")
+ROOT = Path(__file__).resolve().parents[1]
+# Named points and random moments alternate, so a short run (the tests' few trials) has random kills too.
+POINTS = ("random", "consumed", "random", "folded", "random", "committed")
 TOPIC = "crash.public.accounts"
+MARKER = re.compile(r"^marker (\d+) (\w+) ", re.MULTILINE)
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Merge until caught up; with --crash-at, kill this process group at that point."""
+    """Merge until caught up, printing a marker at each point; kill this process group at
+    ``--crash-at`` (a named point) or ``--kill-fraction`` of a marker gap after marker ``--kill-after``."""
     from cdc_assets import pipeline
     from cdc_assets.catalog import CapturedTable
     from cdc_assets.config import BatchLimits
@@ -38,18 +56,32 @@ def worker(args: argparse.Namespace) -> None:
     from cdc_assets.io.spark import spark_config
     from cdc_assets.io.spark_server import connect, ensure_local_server
 
-    if args.crash_at:
-        rng = random.Random(args.seed)
-        chance = 1 / 3
+    rng = random.Random(args.seed)
+    lock = threading.Lock()
+    seen: list[tuple[str, float]] = []  # the markers passed: point, when
+    started = time.monotonic()
 
-        def hook(point: str) -> None:
-            if point == args.crash_at and rng.random() < chance:
-                os.killpg(os.getpgid(0), signal.SIGKILL)
+    def kill() -> None:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
 
-        pipeline.fault_hook = hook
-    # The embedded default: the local Spark server, which a SIGKILL of this process leaves running.
+    def hook(point: str) -> None:
+        # Called from the batch-ahead thread too (the next batch is folded while one is merged).
+        with lock:
+            seen.append((point, time.monotonic()))
+            print(f"marker {len(seen)} {point} at {seen[-1][1] - started:.2f} s", flush=True)
+            if len(seen) == args.kill_after:
+                timer = threading.Timer(args.kill_fraction * _phase_s(seen), kill)
+                timer.daemon = True  # a worker that finishes first is not killed after its work
+                timer.start()
+        if point == args.crash_at and rng.random() < 1 / 3:
+            kill()
+
+    pipeline.fault_hook = hook
+    # The embedded default: the local Spark server (it folds; delta-rs writes), which a SIGKILL of this process
+    # leaves running.
     spark = connect(ensure_local_server(spark_config()))
-    table = CapturedTable("crash", "postgresql", "crash", "public.accounts", TOPIC, DeltaTarget(args.delta))
+    target = DeltaTarget(args.delta, json.loads(args.storage_options))
+    table = CapturedTable("crash", "postgresql", "crash", "public.accounts", TOPIC, target)
     source = KafkaSource({"bootstrap.servers": args.bootstrap, "group.id": "crash"})
     writer = DeltaRsWriter()
     # As a run does: the next batch folded while one is merged (so kills land in either).
@@ -58,6 +90,16 @@ def worker(args: argparse.Namespace) -> None:
         pass
     source.close()
     print("caught up", flush=True)
+
+
+def _phase_s(seen: list[tuple[str, float]]) -> float:
+    """How long the phase after the newest marker lasted the last time: from the previous marker of
+    its kind to the marker after that (1 s for a first one, the cold first fold: it is longer)."""
+    point = seen[-1][0]
+    for index in range(len(seen) - 2, 0, -1):
+        if seen[index - 1][0] == point:
+            return seen[index][1] - seen[index - 1][1]
+    return 1.0
 
 
 def produce(bootstrap: str, events: int, keys: int, partitions: int, seed: int) -> tuple[dict[int, dict], int]:
@@ -71,13 +113,14 @@ def produce(bootstrap: str, events: int, keys: int, partitions: int, seed: int) 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(TOPIC, num_partitions=partitions, replication_factor=1)])[TOPIC].result()
     producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": bootstrap, "linger.ms": 20})
-    rng, state, records = random.Random(seed), {}, 0
+    rng, records = random.Random(seed), 0
+    state: dict[int, dict] = {}
     for i in range(events):
         key = rng.randrange(keys)
         op = "d" if key in state and rng.random() < 0.15 else ("u" if key in state else "c")
-        row = None if op == "d" else {"id": key, "v": i}
-        value = envelope(op, state.get(key) if op == "d" else None, row, postgres_source(1000 + i, i, "public",
-                                                                                           "accounts"), i)
+        row = {"id": key, "v": i}
+        value = envelope(op, state.get(key) if op == "d" else None, None if op == "d" else row,
+                         postgres_source(1000 + i, i, "public", "accounts"), i)
         producer.produce(TOPIC, key=encode_key({"id": key}), value=value)
         records += 1
         if op == "d":
@@ -92,13 +135,15 @@ def produce(bootstrap: str, events: int, keys: int, partitions: int, seed: int) 
     return state, records
 
 
-def check(delta: str, reference: dict[int, dict], bootstrap: str) -> list[str]:
+def check(delta: str, storage_options: Mapping[str, str], reference: dict[int, dict], bootstrap: str) -> list[str]:
     """What is wrong with the table after a trial (empty: nothing)."""
     from confluent_kafka import Consumer, TopicPartition
     from deltalake import DeltaTable
 
+    from cdc_assets.io.storage import delta_rs_options
+
     problems = []
-    table = DeltaTable(delta)
+    table = DeltaTable(delta, storage_options=delta_rs_options(storage_options))
     rows = table.to_pyarrow_table(columns=["id", "v"]).to_pylist()
     ids = [row["id"] for row in rows]
     if len(ids) != len(set(ids)):
@@ -121,13 +166,36 @@ def check(delta: str, reference: dict[int, dict], bootstrap: str) -> list[str]:
     return problems
 
 
-def run_worker(args: argparse.Namespace, delta: str, crash_at: str | None, seed: int) -> subprocess.Popen:
+def run_worker(args: argparse.Namespace, delta: str, storage_options: Mapping[str, str], seed: int,
+               crash_at: str | None = None, kill_after: int = 0, kill_fraction: float = 0.0) -> subprocess.Popen:
     command = [sys.executable, __file__, "--worker", "--bootstrap", args.bootstrap, "--delta", delta,
-               "--batch", str(args.batch), "--seed", str(seed)]
-    if crash_at and crash_at != "random":
+               "--storage-options", json.dumps(dict(storage_options)), "--batch", str(args.batch), "--seed", str(seed),
+               "--kill-after", str(kill_after), "--kill-fraction", str(kill_fraction)]
+    if crash_at:
         command += ["--crash-at", crash_at]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                             text=True)
+
+
+def landed(output: str) -> str:
+    """Where a kill landed, from the markers the worker printed before it: the batches whose fold, or
+    whose MERGE and commit, had begun and not ended (a batch is folded while the one before it is merged)."""
+    points = [point for _, point in MARKER.findall(output)]
+    consumed, folded, committed = (points.count(point) for point in ("consumed", "folded", "committed"))
+    inside = [f"the fold of batch {consumed}"] if consumed > folded else []
+    inside += [f"the MERGE and commit of batch {committed + 1}"] if folded > committed else []
+    return " and ".join(inside) or f"the read of batch {consumed + 1} (after {committed} committed)"
+
+
+def object_store_root(cleanup: contextlib.ExitStack) -> tuple[str, dict[str, str]]:
+    """An ``s3://`` root on a private S3-API server started for this run (stopped by ``cleanup``), and its
+    storage options (keys named by environment variable, set here for the workers to inherit)."""
+    sys.path.insert(0, str(ROOT))  # the tests' server (tests/objectstore.py): one place for it
+    from tests.objectstore import ObjectStore
+
+    store = cleanup.enter_context(ObjectStore())
+    store.export_keys()
+    return f"s3://{store.create_bucket('crash-trials')}", store.storage_options()
 
 
 def main() -> int:
@@ -137,11 +205,16 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=2_000)
     parser.add_argument("--batch", type=int, default=1_000)
     parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--store", choices=("local", "s3"), default="local",
+                        help="where the Delta tables live: local disk, or s3:// on a private S3-API server")
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
     parser.add_argument("--delta", help=argparse.SUPPRESS)
+    parser.add_argument("--storage-options", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--crash-at", help=argparse.SUPPRESS)
+    parser.add_argument("--kill-after", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--kill-fraction", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -153,35 +226,46 @@ def main() -> int:
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="cdc-crash-"))
     rng = random.Random(11)
-    passed = 0
+    passed = aimed = inside = 0
     own_server = SERVER_DIR_ENV_VAR not in os.environ  # else a caller's (the tests') server is shared
     if own_server:
         os.environ[SERVER_DIR_ENV_VAR] = str(work / "spark-servers")
     with ApacheKafkaBroker(work / "broker") as broker, contextlib.ExitStack() as cleanup:
         if own_server:
             cleanup.callback(stop_all)
+        root, storage_options = object_store_root(cleanup) if args.store == "s3" else (str(work), {})
         args.bootstrap = broker.bootstrap_servers
         reference, records = produce(broker.bootstrap_servers, args.events, args.keys, args.partitions, seed=5)
-        print(f"{records} records ({args.events} events) over {args.keys} keys, batches of {args.batch}")
+        # A worker passes three markers a batch (consumed, folded, committed).
+        markers = 3 * math.ceil(records / args.batch)
+        print(f"{records} records ({args.events} events) over {args.keys} keys, batches of {args.batch}, "
+              f"tables under {root}")
         for trial in range(args.trials):
             point = POINTS[trial % len(POINTS)]
-            delta = str(work / f"trial-{trial}")
-            crashed = run_worker(args, delta, point, seed=trial)
+            delta = f"{root}/trial-{trial}"
             if point == "random":
-                try:
-                    crashed.wait(rng.uniform(2.0, 15.0))
-                except subprocess.TimeoutExpired:
-                    os.killpg(crashed.pid, signal.SIGKILL)
-            crashed.wait()
+                aimed += 1
+                kill_after = rng.randint(1, markers - 1)
+                crashed = run_worker(args, delta, storage_options, trial, kill_after=kill_after,
+                                     kill_fraction=rng.random())
+            else:
+                crashed = run_worker(args, delta, storage_options, trial, crash_at=point)
+            output, _ = crashed.communicate(timeout=600)
             killed = crashed.returncode == -signal.SIGKILL
-            rerun = run_worker(args, delta, None, seed=trial)
+            if point == "random":
+                inside += killed
+                where = f"at a random moment, in {landed(output)}" if killed else \
+                    f"at a random moment (missed: finished with {len(MARKER.findall(output))} markers before the " \
+                    f"kill armed at marker {kill_after})"
+            else:
+                where = f"at {point}" if killed else f"at {point} (never killed: passed every {point} by chance)"
+            rerun = run_worker(args, delta, storage_options, trial)
             output, _ = rerun.communicate(timeout=600)
             problems = [] if rerun.returncode == 0 else [f"rerun failed: {output[-2000:]}"]
-            problems = problems or check(delta, reference, broker.bootstrap_servers)
+            problems = problems or check(delta, storage_options, reference, broker.bootstrap_servers)
             passed += not problems
-            print(f"trial {trial + 1}: kill {'at ' + point if point != 'random' else 'at a random moment'}"
-                  f"{'' if killed else ' (finished before the kill)'}: {problems or 'ok'}",
-                  flush=True)
+            print(f"trial {trial + 1}: kill {where}: {problems or 'ok'}", flush=True)
+    print(f"{inside} of {aimed} random kills landed inside the work")
     print(f"{passed} of {args.trials} trials passed")
     return 0 if passed == args.trials else 1
 

@@ -28,8 +28,10 @@ reference fold). Prints medians of the seconds from the first poll to the last c
 version (Spark session start reported apart; for the project, the whole Dagster run, its instance
 made before, as a run worker has it, and that run's own first poll to last commit beside it),
 events/s, ratios, per-stage seconds, the peak RSS of each run's process tree (Python + JVM) plus
-the local Spark server's, and the CPU seconds each run cost the run, the server and the broker (the
-broker is not part of the RSS).
+the local Spark server's, the CPU seconds each run cost the run (and of it, its process's start-up:
+imports, and for the project its definitions and Dagster instance), the server and the broker (the
+broker is not part of the RSS), and the project's CPU (run + server) as a ratio to each reference's,
+with and without the start-up that a run process pays once.
 
     python -m benchmarks.merge_throughput [--events 1000000] [--keys 100000] [--batch 100000] [--runs 3]
                                           [--warm-passes 12]
@@ -187,6 +189,7 @@ def run_project(bootstrap: str, batch: int, work: Path, local_server: bool = Tru
     # A run worker has its instance before its run starts (the first one made in a process imports
     # Dagster's storage modules: ~0.5 s), as it has its code location loaded.
     instance = DagsterInstance.ephemeral()
+    startup_cpu = process_cpu(os.getpid())  # imports, definitions and instance: once per run process
     started = time.perf_counter()
     result = job.execute_in_process(instance=instance)
     wall = time.perf_counter() - started
@@ -197,7 +200,8 @@ def run_project(bootstrap: str, batch: int, work: Path, local_server: bool = Tru
     stages: dict[str, float] = dict(metadata["stage_seconds"].value)  # type: ignore[arg-type]
     inner = stages.pop("total_s")  # the run's own first poll to last commit
     stages.update(first_poll_to_commit_s=inner, dagster_run_overhead_s=wall - inner, total_s=wall,
-                  spark_start_s=spark_start, batches=float(metadata["batches"].value))  # type: ignore[arg-type]
+                  spark_start_s=spark_start, startup_cpu=startup_cpu,
+                  batches=float(metadata["batches"].value))  # type: ignore[arg-type]
     return stages, resolve_tables(config)[0].target.path
 
 
@@ -218,6 +222,7 @@ def child(variant: str, bootstrap: str, batch: int, work: Path) -> None:
     )
 
     target = str(work / "delta" / "accounts")
+    startup_cpu = process_cpu(os.getpid())  # the imports (the project's run replaces it with its own)
     with PeakRss(exclude_pid=-1) as rss:
         if variant == "consume_only":
             stages = consume_only(bootstrap)
@@ -249,7 +254,8 @@ def child(variant: str, bootstrap: str, batch: int, work: Path) -> None:
     tree = [me, *(p for p in me.children(recursive=True)
                   if p.pid not in servers and not servers & {a.pid for a in p.parents()})]
     result: dict[str, object] = {"stages": stages, "peak_rss": rss.peak,
-                                 "run_cpu": sum(sum(p.cpu_times()[:2]) for p in tree)}
+                                 "run_cpu": sum(sum(p.cpu_times()[:2]) for p in tree),
+                                 "startup_cpu": stages.pop("startup_cpu", startup_cpu)}
     if variant != "consume_only":
         rows = DeltaTable(target).to_pyarrow_table(columns=["id", "balance", "owner", "status", "seq"]).to_pylist()
         result.update(rows=len(rows), checksum=checksum(rows))
@@ -363,7 +369,8 @@ def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, r
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{variant} run {label} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     result = json.loads(lines[-1].removeprefix("RESULT "))
-    cpu = {**used_since(before, {"broker": process_cpu(broker.pid), **server_cpu(servers)}), "run": result["run_cpu"]}
+    cpu = {**used_since(before, {"broker": process_cpu(broker.pid), **server_cpu(servers)}), "run": result["run_cpu"],
+           "startup": result["startup_cpu"]}
     if "rows" in result and (result["rows"], result["checksum"]) != oracle:
         raise SystemExit(f"{variant} run {label}: the table does not match the oracle "
                          f"({result['rows']} rows, expected {oracle[0]})")
@@ -382,16 +389,21 @@ def report(results: dict[str, list[dict]], events: int) -> None:
     def median(variant: str, key: str, part: str = "stages") -> float:
         return statistics.median(r[part].get(key, 0.0) for r in results[variant])
 
+    def cpu_seconds(variant: str, startup: bool = True) -> float:
+        """The median CPU seconds of a run of ``variant``: its process's and the Spark server's."""
+        return statistics.median(r["cpu"]["run"] + r["cpu"]["server"] - (0 if startup else r["cpu"]["startup"])
+                                 for r in results[variant])
+
     print(f"\n{'variant':<22}{'seconds':>9}{'events/s':>11}{'spark start':>13}{'peak RSS':>10}"
-          f"{'+ server':>10}{'CPU s run/server/broker':>26}  (medians)")
+          f"{'+ server':>10}{'CPU s start-up/run/server/broker':>34}  (medians)")
     for variant, runs in results.items():
         seconds = median(variant, "total_s")
         start = f"{median(variant, 'spark_start_s'):.1f} s" if "spark_start_s" in runs[0]["stages"] else "-"
         rss = statistics.median(r["peak_rss"] for r in runs) / 2**30
         with_server = statistics.median(r["peak_rss"] + r["server_rss"] for r in runs) / 2**30
-        cpu = "/".join(f"{median(variant, part, 'cpu'):.1f}" for part in ("run", "server", "broker"))
+        cpu = "/".join(f"{median(variant, part, 'cpu'):.1f}" for part in ("startup", "run", "server", "broker"))
         print(f"{variant:<22}{seconds:>8.1f}s{events / seconds:>11,.0f}{start:>13}{rss:>6.2f} GiB"
-              f"{with_server:>6.2f} GiB{cpu:>26}")
+              f"{with_server:>6.2f} GiB{cpu:>34}")
     for project_variant in SERVED:
         if project_variant not in results:
             continue
@@ -399,6 +411,12 @@ def report(results: dict[str, list[dict]], events: int) -> None:
         ratios = [f"{median(reference, 'total_s') / project:.2f}x {reference}" for reference in REFERENCES
                   if reference in results]
         print(f"{project_variant}: throughput " + ", ".join(ratios))
+        print(f"{project_variant}: CPU (run + server) " + ", ".join(
+            f"{cpu_seconds(project_variant) / cpu_seconds(reference):.2f}x {reference}" for reference in REFERENCES
+            if reference in results and reference != "consume_only") + "; without each process's start-up "
+            "(imports, definitions, Dagster instance): " + ", ".join(
+            f"{cpu_seconds(project_variant, False) / cpu_seconds(reference, False):.2f}x {reference}"
+            for reference in REFERENCES if reference in results and reference != "consume_only"))
         inner = median(project_variant, "first_poll_to_commit_s")
         print(f"{project_variant}, first poll to last commit (the Dagster run's start and end aside): {inner:.1f} s, "
               f"{events / inner:,.0f} events/s")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from dagster import (
-    AssetCheckEvaluation,
+    AssetCheckResult,
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
@@ -24,7 +24,8 @@ from dagster import (
     TableSchema,
     multi_asset,
 )
-from pydantic import Field
+from pydantic import Field, create_model
+from pydantic.fields import FieldInfo
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
@@ -32,7 +33,6 @@ from cdc_assets.api import apply_pending
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.checks import (
     RunReads,
-    as_evaluations,
     evaluate_table_checks,
     merge_check_specs,
     selected_check_names,
@@ -49,14 +49,26 @@ CDC_KINDS = {"spark", "delta", "kafka"}
 
 
 class MergeConfig(Config):
-    """Run config of a CDC table merge (launchpad)."""
+    """Run config of a connector's merge (launchpad): the pipeline's batch limits, for this run."""
 
-    max_records_per_batch: int | None = Field(default=None, gt=0,
-                                              description="override the pipeline's max records per micro-batch")
-    max_batches_per_run: int | None = Field(default=None, gt=0,
-                                            description="override the pipeline's micro-batches per run")
-    concurrent_tables: int | None = Field(default=None, gt=0,
-                                          description="override the pipeline's tables merged at once")
+    max_records_per_batch: int = Field(gt=0, description="max records per micro-batch (batch.max_records)")
+    max_batches_per_run: int = Field(gt=0, description="micro-batches one run applies to a table while it is "
+                                                       "behind (batch.max_batches_per_run)")
+    concurrent_tables: int = Field(gt=0, description="tables merged at once (batch.concurrent_tables)")
+
+
+def merge_config_type(limits: BatchLimits) -> type[MergeConfig]:
+    """``MergeConfig`` with the pipeline's ``limits`` as its defaults: the launchpad opens with the values a run
+    uses, under the merge op's name, for a user to change."""
+
+    def default(name: str, value: int) -> tuple[type[int], FieldInfo]:
+        return int, FieldInfo.merge_field_infos(MergeConfig.model_fields[name], default=value)
+
+    return create_model(
+        "MergeConfig", __base__=MergeConfig, __doc__=MergeConfig.__doc__,
+        max_records_per_batch=default("max_records_per_batch", limits.max_records),
+        max_batches_per_run=default("max_batches_per_run", limits.max_batches_per_run),
+        concurrent_tables=default("concurrent_tables", limits.concurrent_tables))
 
 
 def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
@@ -141,10 +153,10 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                            peers: Mapping[str, DeltaTarget] | None = None,
                            translator: CdcTranslator | None = None, name: str | None = None) -> AssetsDefinition:
     """The assets of one connector's captured tables, one asset per table, in one subsettable op
-    (``name``, default ``<connector>_merge``): a run merges the selected tables, ``limits.concurrent_tables``
-    at once (``merge_concurrently``), each MERGEing its new change events into Delta one micro-batch (one
-    commit) at a time, up to ``limits.max_batches_per_run``, and then evaluates each table's checks
-    (``merge_check_specs``), in config order.
+    (``name``, default ``<connector>_merge``): a run merges the selected tables, ``concurrent_tables`` at once
+    (``merge_concurrently``), each MERGEing its new change events into Delta one micro-batch (one commit) at a
+    time, up to ``max_batches_per_run``, and then evaluates each table's checks (``merge_check_specs``), in
+    config order. The run config (``MergeConfig``) sets those limits, ``limits`` by default.
     A table whose merge fails does not stop the others; the op fails after them, naming it.
 
     ``peers``: the transaction-consistent tables of the connector (for the watermark);
@@ -159,20 +171,13 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
     specs = [AssetSpec(key, group_name=translator.get_group_name(table), kinds=CDC_KINDS,
                        description=translator.get_description(table), metadata=translator.get_metadata(table),
                        owners=translator.get_owners(table) or None, tags=translator.get_tags(table),
-                       freshness_policy=translator.get_freshness_policy(table))
+                       freshness_policy=translator.get_freshness_policy(table),
+                       deps=[translator.get_topic_asset_key(table)],  # its topic (cdc_assets.topics)
+                       automation_condition=translator.get_automation_condition(table))
              for key, table in by_key.items()]
-    table_specs = {key: merge_check_specs(table, key) for key, table in by_key.items()}
 
-    @multi_asset(
-        name=name or merge_op_name(connector),
-        specs=specs,
-        check_specs=[spec for specs in table_specs.values() for spec in specs],
-        can_subset=True,
-        # One pool per connector: with a pool limit of 1 (see README), two runs never merge one table at once.
-        pool=f"cdc_connector_{dagster_name(connector)}",
-    )
     def merge_tables(context: AssetExecutionContext, config: MergeConfig, spark: SparkResource,
-                     kafka: KafkaResource, delta: DeltaResource) -> Iterator[MaterializeResult | AssetCheckEvaluation]:
+                     kafka: KafkaResource, delta: DeltaResource) -> Iterator[MaterializeResult | AssetCheckResult]:
         selected = context.selected_asset_keys
         checks = selected_check_names(context.selected_asset_check_keys)
         chosen = {key: table for key, table in by_key.items() if key in selected}
@@ -194,15 +199,25 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                 assert materialized is not None
                 yield materialized
             if checks.get(key):
-                results = evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
-                                                materialized)
-                yield from as_evaluations(results, table_specs[key], context.instance)
+                # As results, not evaluation events: Dagster then counts each selected check's output as
+                # yielded (else every run logs "did not yield or return expected outputs").
+                yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
+                                                 materialized)
         if len(failures) == 1:
             raise failures[0][1]
         if failures:
             raise MergeFailed(failures)
 
-    return merge_tables
+    # Dagster reads the op's config schema from this annotation: the connector's limits as its defaults.
+    merge_tables.__annotations__["config"] = merge_config_type(limits)
+    return multi_asset(
+        name=name or merge_op_name(connector),
+        specs=specs,
+        check_specs=[spec for key, table in by_key.items() for spec in merge_check_specs(table, key)],
+        can_subset=True,
+        # One pool per connector: with a pool limit of 1 (see README), two runs never merge one table at once.
+        pool=f"cdc_connector_{dagster_name(connector)}",
+    )(merge_tables)
 
 
 class MergeFailed(Exception):
@@ -228,7 +243,7 @@ class TableMerge:
 def merge_concurrently(tables: Mapping[AssetKey, CapturedTable], limits: BatchLimits,
                        peers: Mapping[str, DeltaTarget] | None, config: MergeConfig, spark: SparkResource,
                        kafka: KafkaResource, delta: DeltaResource) -> Iterator[TableMerge]:
-    """Merge ``tables`` with up to ``limits.concurrent_tables`` at once; yields each table's ``TableMerge``
+    """Merge ``tables`` with up to ``config.concurrent_tables`` at once; yields each table's ``TableMerge``
     in the order given.
 
     A small table's merge is mostly fixed costs (its Spark query's planning and scheduling, its Kafka
@@ -263,7 +278,7 @@ def merge_concurrently(tables: Mapping[AssetKey, CapturedTable], limits: BatchLi
                         merged.error = error
                     merges[key].set_result(merged)
 
-    workers = min(config.concurrent_tables or limits.concurrent_tables, len(units))
+    workers = min(config.concurrent_tables, len(units))
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cdc-merge")
     running = [pool.submit(work) for _ in range(workers)]
     try:
@@ -281,8 +296,8 @@ def merge_table(table: CapturedTable, limits: BatchLimits, peers: Mapping[str, D
                 key: AssetKey, log: Callable[[str], None]) -> MaterializeResult:
     """One table's merge in a run: its pending micro-batches applied, and what they did; ``log`` is told
     each batch."""
-    overrides = {"max_records": config.max_records_per_batch, "max_batches_per_run": config.max_batches_per_run}
-    batch_limits = limits.model_copy(update={k: v for k, v in overrides.items() if v})
+    batch_limits = limits.model_copy(update={"max_records": config.max_records_per_batch,
+                                             "max_batches_per_run": config.max_batches_per_run})
     writer = delta.writer_for(session)
     # Until caught up, or nothing could be applied (a transaction waits): the next run goes on.
     reports = apply_pending(table, kafka=source, spark=session, writer=writer, limits=batch_limits,

@@ -47,6 +47,7 @@ class CapturedTable:
     unavailable_placeholder: str = DEFAULT_UNAVAILABLE_PLACEHOLDER  # the connector's unavailable.value.placeholder
     on_truncate: str = "halt"
     checks_after_merge: ChecksAfterMerge = "blocking"  # the pipeline's: which checks its merge runs evaluate
+    automation: str = "eager"  # how Dagster's declarative automation merges it (config: automation)
 
     @property
     def app_id(self) -> str:
@@ -121,6 +122,7 @@ def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: T
         checks_after_merge=config.checks_after_merge,
         unavailable_placeholder=connector.unavailable_value_placeholder,
         on_truncate=table.on_truncate,
+        automation=table.automation or connector.automation,
     )
 
 

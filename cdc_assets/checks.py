@@ -19,7 +19,6 @@ from typing import Any
 import pyarrow.compute as pc
 from confluent_kafka import KafkaException
 from dagster import (
-    AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckKey,
     AssetCheckResult,
@@ -31,11 +30,6 @@ from dagster import (
     MaterializeResult,
     MetadataValue,
     multi_asset_check,
-)
-
-# Not exported at dagster's top level; the evaluation's pointer to the materialization it checked.
-from dagster._core.definitions.asset_checks.asset_check_evaluation import (
-    AssetCheckEvaluationTargetMaterializationData,
 )
 from deltalake import DeltaTable
 
@@ -167,29 +161,6 @@ def selected_check_names(check_keys: Iterable[AssetCheckKey]) -> dict[AssetKey, 
     for check_key in check_keys:
         names.setdefault(check_key.asset_key, set()).add(check_key.name)
     return names
-
-
-def as_evaluations(results: Iterable[AssetCheckResult], specs: Sequence[AssetCheckSpec],
-                   instance: DagsterInstance) -> Iterator[AssetCheckEvaluation]:
-    """One asset's check ``results`` as the evaluations Dagster makes of them, for an op to yield as events.
-
-    Yielded as results (op outputs), each cost Dagster a STEP_OUTPUT event and a type check, and a walk
-    over all the op's check keys (a connector's merge op has five per table): 12% of a 200-table run's
-    CPU (W2, in performance.md's git log). Like Dagster's own conversion, each evaluation targets the asset's latest
-    materialization (read once, for the first result), and is blocking as its spec says."""
-    blocking = {(spec.asset_key, spec.name): spec.blocking for spec in specs}
-    target: AssetCheckEvaluationTargetMaterializationData | None = None
-    for number, result in enumerate(results):
-        assert result.asset_key is not None and result.check_name is not None
-        if number == 0:
-            latest = instance.fetch_materializations(result.asset_key, limit=1).records
-            if latest:
-                target = AssetCheckEvaluationTargetMaterializationData(
-                    storage_id=latest[0].storage_id, run_id=latest[0].run_id, timestamp=latest[0].timestamp)
-        yield AssetCheckEvaluation(
-            asset_key=result.asset_key, check_name=result.check_name, passed=result.passed,
-            metadata=result.metadata, target_materialization_data=target, severity=result.severity,
-            description=result.description, blocking=blocking[(result.asset_key, result.check_name)])
 
 
 def freshness_check_spec(table: CapturedTable, key: AssetKey) -> AssetCheckSpec:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -106,6 +106,9 @@ class DeltaConfig(_Model):
     @model_validator(mode="after")
     def _reachable_storage(self) -> DeltaConfig:
         check_storage(self.root, self.storage_options)  # its errors name the field
+        if self.writer == "delta-spark" and self.root.lower().startswith("az://"):
+            raise ValueError(f"delta.root: '{self.root}' is delta-rs's scheme, Spark's ABFS opens abfss:// (or "
+                             "abfs://) roots: abfss://<container>@<account>.dfs.core.windows.net/...")
         return self
 
 
@@ -121,6 +124,9 @@ class BatchLimits(_Model):
     concurrent_tables: int = Field(
         default=2, gt=0, description="tables of a connector one run merges at once, each with its own Spark "
         "queries and Delta commits: a small table's merge is mostly fixed costs, which overlap (docs/performance.md)")
+
+
+Automation = Literal["eager", "none"]
 
 
 class TableConfig(_Model):
@@ -145,6 +151,7 @@ class TableConfig(_Model):
                                     "them deleted, scd2 ends their versions)")
     owners: list[str] = Field(default_factory=list, description="Dagster asset owners (emails or team:name)")
     tags: dict[str, str] = Field(default_factory=dict, description="Dagster asset tags")
+    automation: Automation | None = Field(default=None, description="default: the connector's")
     max_capture_lag_s: float | None = Field(default=None, gt=0, description="capture-lag check bound")
     consistency: Literal["event", "transaction"] | None = Field(
         default=None, description="transaction: apply only whole transactions (default when the connector has "
@@ -220,6 +227,9 @@ class ConnectorConfig(_Model):
                                         "check fails when the newest is older than this")
     owners: list[str] = Field(default_factory=list, description="default owners of the connector's tables")
     tags: dict[str, str] = Field(default_factory=dict, description="default tags of the connector's tables")
+    automation: Automation = Field(default="eager", description=(
+        "how Dagster's declarative automation merges a table: eager = when its topic's observation shows new "
+        "events (once the automation sensor runs), none = only by a run a schedule, sensor or user launches"))
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -321,6 +331,13 @@ def parse_config(text: str, source: str = "<config>") -> PipelineConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    return validate_config(data, source, root)
+
+
+def validate_config(data: Any, source: str, root: yaml.Node | None = None,
+                    prefix: Sequence[str] = ()) -> PipelineConfig:
+    """Validate config ``data`` read from ``source``, whose YAML node ``root`` (if known) gives the line of
+    each error; ``prefix``: the fields above the config in that YAML (a component's ``attributes``)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the pipeline config must be a mapping with kafka, delta, connectors")
     try:
@@ -332,8 +349,8 @@ def parse_config(text: str, source: str = "<config>") -> PipelineConfig:
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
-            location = list(error["loc"])
-            line = _line_of(root, location)
+            location = [*prefix, *error["loc"]]
+            line = _line_of(root, location) if root is not None else None
             field = ".".join(str(part) for part in location) or "(top level)"
             where = f"line {line}" if line else "?"
             problems.append(f"{source}:{where}: {field}: {error['msg']}")

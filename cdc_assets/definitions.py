@@ -13,6 +13,7 @@ from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.registry import read_registry
 from cdc_assets.resources import build_resources, kafka_client_settings, registry_path
+from cdc_assets.topics import build_topic_sources
 from cdc_assets.translator import CdcTranslator, dagster_name
 from jobs import (
     build_apply_schema_change_job,
@@ -28,6 +29,7 @@ from jobs import (
     resume_snapshot_job,
     stop_snapshot_job,
 )
+from jobs.merge import UI_MERGE_JOB
 from sensors import (
     make_events_waiting_sensor,
     make_schema_change_sensor,
@@ -73,6 +75,7 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     scheduled_checks = [key for op in scheduled_ops for key in op.check_keys if key.asset_key in live_keys]
     freshness_job = build_freshness_job(scheduled_checks)
     merge_job = build_merge_job(scheduled_checks)
+    ui_merge_job = build_merge_job(scheduled_checks, UI_MERGE_JOB)  # the job the UI's Materialize runs
     compaction_job = build_compaction_job(config, live)
     transactional: dict[str, dict[str, DeltaTarget]] = {}
     for table in tables:
@@ -88,11 +91,12 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
                                                      incremental_snapshot_job, merge_job,
                                                      kafka_client_settings(config.kafka), translator=translator))
     return Definitions(
-        assets=[build_connector_assets(members, config.batch, transactional.get(connector), translator)
-                for connector, members in by_connector.items()],
+        assets=[*(build_connector_assets(members, config.batch, transactional.get(connector), translator)
+                  for connector, members in by_connector.items()),
+                *([build_topic_sources(tables, kafka_client_settings(config.kafka), translator)] if tables else [])],
         asset_checks=scheduled_ops,
-        jobs=[merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job, resume_snapshot_job,
-              apply_schema_change_job, freshness_job, compaction_job],
+        jobs=[merge_job, ui_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job,
+              resume_snapshot_job, apply_schema_change_job, freshness_job, compaction_job],
         schedules=[*build_merge_schedules(config, merge_job, tables, kafka_client_settings(config.kafka), translator),
                    *build_snapshot_schedules(config),
                    build_freshness_schedule(config, freshness_job), build_compaction_schedule(config, compaction_job)],

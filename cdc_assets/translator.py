@@ -17,7 +17,7 @@ import re
 from datetime import timedelta
 from typing import Any
 
-from dagster import AssetKey, FreshnessPolicy, MetadataValue
+from dagster import AssetKey, AutomationCondition, FreshnessPolicy, MetadataValue
 
 from cdc_assets.catalog import CapturedTable
 
@@ -35,6 +35,10 @@ class CdcTranslator:
     def get_asset_key(self, table: CapturedTable) -> AssetKey:
         """``[topic.prefix, schema, table]`` (or ``[topic.prefix, table]``), as Dagster names."""
         return AssetKey([dagster_name(part) for part in (table.topic_prefix, *table.name.split("."))])
+
+    def get_topic_asset_key(self, table: CapturedTable) -> AssetKey:
+        """The table's Kafka topic, upstream of it: ``[kafka, <topic.prefix>, <schema>, <table>]``."""
+        return AssetKey(["kafka", *self.get_asset_key(table).path])
 
     def get_group_name(self, table: CapturedTable) -> str:
         """The connector's name."""
@@ -60,6 +64,11 @@ class CdcTranslator:
         return {"topic": table.topic, "delta_path": MetadataValue.path(table.target.path),
                 "connector": table.connector, "connector_kind": table.kind, "source_table": table.name,
                 "apply_mode": table.apply_mode, "retired": table.retired}
+
+    def get_automation_condition(self, table: CapturedTable) -> AutomationCondition | None:
+        """``eager`` (the config's default): merged when an observation of its topic shows new events, not while
+        a merge of it runs (the automation sensor, off until turned on, requests the runs); ``none``: None."""
+        return AutomationCondition.eager() if table.automation == "eager" else None
 
     def get_freshness_policy(self, table: CapturedTable) -> FreshnessPolicy | None:
         """Dagster's freshness: the table was merged within its capture-lag bound. It counts merge runs,

@@ -11,8 +11,6 @@ from dagster import (
     AssetSelection,
     DagsterInstance,
     DefaultScheduleStatus,
-    EventLogEntry,
-    JsonMetadataValue,
     RunRequest,
     ScheduleDefinition,
     ScheduleEvaluationContext,
@@ -26,6 +24,7 @@ from cdc_assets.catalog import CapturedTable
 from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import MergeScheduleConfig, PipelineConfig
 from cdc_assets.io.freshness import TopicProbe
+from cdc_assets.topics import materialized_ends
 from cdc_assets.translator import STATUS_TAG, CdcTranslator
 
 if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export its name
@@ -33,20 +32,29 @@ if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export its 
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 MERGE_JOB = "cdc_merge_job"
+# The UI's Materialize runs the first job, by name, that holds every selected asset, with each of their checks
+# that job holds. Dagster's __ASSET_JOB holds every check (the scheduled ones too); a capital sorts before it.
+UI_MERGE_JOB = "CDC_merge_from_UI"
 
 
-def build_merge_job(scheduled_checks: Sequence[AssetCheckKey]) -> UnresolvedAssetJobDefinition:
+def build_merge_job(scheduled_checks: Sequence[AssetCheckKey], name: str = MERGE_JOB) -> UnresolvedAssetJobDefinition:
     """The merge job: every CDC table asset (kinds delta and kafka) whose source table was not dropped,
     with the checks its merge evaluates, but not ``scheduled_checks``: those on the freshness schedule.
     The live freshness checks look at the topic as it is now, and after a merge would only repeat its
     ``caught_up``, for a Kafka and Delta round trip per table (12 s of a 200-table run); the others are
-    warnings a merge run leaves to that schedule (``cdc_assets.checks.evaluated_after_merge``)."""
+    warnings a merge run leaves to that schedule (``cdc_assets.checks.evaluated_after_merge``).
+
+    ``name``: ``MERGE_JOB``, or ``UI_MERGE_JOB`` for the same job under the name the UI's Materialize picks."""
+    description = "Merge each captured table's new change events into its Delta table (one micro-batch each)."
+    if name == UI_MERGE_JOB:
+        description = (f"{MERGE_JOB} as the UI's Materialize runs it: with the checks {MERGE_JOB} evaluates "
+                       "(the UI runs the first job, by name, holding the selected assets).")
     return define_asset_job(
-        MERGE_JOB,
+        name,
         selection=(AssetSelection.kind("delta") & AssetSelection.kind("kafka"))
         - AssetSelection.tag(STATUS_TAG, "retired") - AssetSelection.checks(*scheduled_checks),
         executor_def=in_process_executor,
-        description="Merge each captured table's new change events into its Delta table (one micro-batch each).",
+        description=description,
     )
 
 
@@ -89,17 +97,7 @@ def pending_tables(tables: Mapping[AssetKey, CapturedTable], instance: DagsterIn
     latest = instance.get_latest_materialization_events(tables)
     ends = probe.end_offsets(table.topic for table in tables.values())
     return {key: table for key, table in tables.items()
-            if table.topic not in ends or _recorded_ends(latest.get(key)) != ends[table.topic]}
-
-
-def _recorded_ends(entry: EventLogEntry | None) -> dict[int, int] | None:
-    """The end offsets per partition a materialization's ``offsets`` metadata (``report_metadata``) recorded, or
-    None (no materialization, or one of a schema change)."""
-    materialization = entry.asset_materialization if entry is not None else None
-    offsets = materialization.metadata.get("offsets") if materialization is not None else None
-    if not isinstance(offsets, JsonMetadataValue) or not isinstance(offsets.value, dict):
-        return None
-    return {int(partition): int(span["to"]) for partition, span in offsets.value.items()}
+            if table.topic not in ends or materialized_ends(latest.get(key)) != ends[table.topic]}
 
 
 def configured_schedule(name: str, job: JobDefinition | UnresolvedAssetJobDefinition,

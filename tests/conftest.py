@@ -24,6 +24,7 @@ from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.spark import DELTA_JARS_ENV_VAR, delta_jars_dir, has_delta, spark_config, spark_records
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, disconnect, ensure_local_server, stop_all
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
+from tests.azurite import Azurite
 from tests.connect import ConnectWorker
 from tests.mariadb import MariaDBServer
 from tests.objectstore import ObjectStore
@@ -171,3 +172,31 @@ def object_store() -> Iterator[ObjectStore]:
     with ObjectStore() as store:
         store.export_keys()
         yield store
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    """A private Azure Blob server (Azurite) for the session, its account key in the environment variable
+    its ``storage_options()`` name; give each test its own container."""
+    with Azurite() as server:
+        server.export_key()
+        yield server
+
+
+def race_after_fold(run: Callable[[], object], runs: int = 2, timeout_s: float = 180) -> None:
+    """Call ``run`` in ``runs`` threads whose merges all fold their batch before any of them commits (a barrier
+    at the pipeline's ``folded`` point), as two runs racing on one table do."""
+    import threading
+
+    from cdc_assets import pipeline
+
+    folded = threading.Barrier(runs, timeout=timeout_s)
+    pipeline.fault_hook = lambda point: folded.wait() if point == "folded" else None
+    try:
+        threads = [threading.Thread(target=run) for _ in range(runs)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        pipeline.fault_hook = None

@@ -21,7 +21,7 @@ from typing import Any
 import pymysql
 import pymysql.cursors
 
-from tests.postgres import free_port
+from cdc_assets.demo.broker import free_port
 from tests.processes import terminate
 
 _BINARIES = ("mariadbd", "mariadb-install-db")

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,8 +23,7 @@ from typing import Any
 
 import boto3
 
-from tests.postgres import free_port
-from tests.processes import terminate
+from tests.processes import LocalServer
 
 # The tests name the server's keys through these environment variables, as a user's config does.
 ACCESS_KEY_ENV = "CDC_TEST_S3_ACCESS_KEY_ID"
@@ -39,15 +36,13 @@ class ObjectStoreError(RuntimeError):
     """The private object store could not be started."""
 
 
-class ObjectStore:
+class ObjectStore(LocalServer):
     """One private S3-API server; a context manager that starts it and stops and removes it."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        super().__init__()
         self.access_key = ""
         self.secret_key = ""
-        self.directory: Path | None = None
-        self._process: subprocess.Popen | None = None
 
     @property
     def endpoint(self) -> str:
@@ -86,28 +81,6 @@ class ObjectStore:
         key = iam.create_access_key(UserName="cdc-tests")["AccessKey"]
         self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
 
-    def _answers(self) -> bool:
-        """Whether the server accepts connections (a request would use up one of its unsigned ones)."""
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
-            return True
-        except OSError:
-            return False
-
-    def log(self) -> str:
-        """The server's output so far."""
-        path = self.directory / "server.log" if self.directory else None
-        return path.read_text(errors="replace")[-4000:] if path and path.exists() else ""
-
-    def stop(self) -> None:
-        """Stop the server and remove its directory."""
-        if self._process is not None:
-            terminate(self._process, timeout_s=10)
-            self._process = None
-        if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            self.directory = None
-
     def client(self) -> Any:  # boto3 generates its clients' types at run time
         """A boto3 S3 client of the server."""
         return boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION,
@@ -135,8 +108,3 @@ class ObjectStore:
         os.environ[ACCESS_KEY_ENV] = self.access_key
         os.environ[SECRET_KEY_ENV] = self.secret_key
 
-    def __enter__(self) -> ObjectStore:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -10,13 +10,14 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
 import psycopg
+
+from cdc_assets.demo.broker import free_port
 
 _BINARIES = ("initdb", "pg_ctl")
 
@@ -37,13 +38,6 @@ def postgres_bin_dir() -> Path:
     if found and shutil.which("pg_ctl"):
         return Path(found).resolve().parent
     raise PostgresError("PostgreSQL's initdb/pg_ctl were not found: run scripts/setup (installs Debian's postgresql)")
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that is free now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class PostgresServer:

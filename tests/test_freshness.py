@@ -2,6 +2,7 @@
 source whose connector sends heartbeats passes, a connector whose heartbeats stopped fails; the
 checks run on their own schedule's job, and a sensor observes the events waiting."""
 
+import json
 import time
 import uuid
 from datetime import datetime, timezone
@@ -73,10 +74,12 @@ def test_stalled_pipeline_fails_quiet_source_with_heartbeats_passes_dead_connect
         assert not stalled.passed and "the pipeline is stalled" in stalled.description
         assert stalled.metadata["events_waiting"].value == 5 and stalled.metadata["behind_s"].value > 2
 
-        # The sensor observes the backlog between merges.
+        # The sensor observes the backlog between merges, on the table's topic, with the topic's data version.
         sensor = defs.resolve_sensor_def("events_waiting_sensor")
         [observation] = sensor.evaluate_tick(build_sensor_context(instance=instance, definitions=defs)).asset_events
-        assert observation.asset_key == key and observation.metadata["events_waiting"].value == 5
+        assert observation.asset_key == AssetKey(["kafka", *key.path])
+        assert observation.metadata["events_waiting"].value == 5
+        assert sum(json.loads(observation.tags["dagster/data_version"]).values()) == 5
 
         # Merged, then quiet: nothing waits and the connector's heartbeat is recent.
         assert defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance).success

@@ -1,6 +1,7 @@
 """Broker outages, secrets kept out of logs and metadata, and crash safety under SIGKILL."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from cdc_assets.demo.broker import ApacheKafkaBroker, free_port
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
 from cdc_assets.pipeline import merge_micro_batch
-from tests.conftest import captured_table, new_topic, produce, read_rows
+from tests.conftest import captured_table, new_topic, produce, race_after_fold, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,21 +95,25 @@ connectors:
 CRASH_SCRIPT = ROOT / "benchmarks" / "crash_trials.py"
 
 
-@pytest.mark.parametrize("trials", [3])
-def test_sigkill_at_random_points_loses_and_duplicates_nothing(tmp_path, trials):
-    """The CI-sized run of benchmarks/crash_trials.py (20 trials there)."""
-    run = subprocess.run([sys.executable, str(CRASH_SCRIPT), "--trials", str(trials), "--events", "3000",
-                          "--work-dir", str(tmp_path)], capture_output=True, text=True, timeout=900)
+@pytest.mark.parametrize(("store", "trials", "events", "batch"), [("local", 3, 3000, 1000), ("s3", 2, 1500, 500)])
+def test_sigkill_at_random_points_loses_and_duplicates_nothing(tmp_path, store, trials, events, batch):
+    """The CI-sized run of benchmarks/crash_trials.py (20 trials there), on local disk and on S3 (a
+    private S3-API server the script starts): random kills are timed from the worker's own progress,
+    so at least one lands inside the work (a fold, a MERGE or a commit, or the read of a batch)."""
+    run = subprocess.run([sys.executable, str(CRASH_SCRIPT), "--store", store, "--trials", str(trials),
+                          "--events", str(events), "--batch", str(batch), "--work-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert f"{trials} of {trials} trials passed" in run.stdout
+    inside = re.search(r"^(\d+) of (\d+) random kills landed inside the work$", run.stdout, re.MULTILINE)
+    assert inside and int(inside[1]) >= 1, run.stdout
+    if store == "s3":
+        assert "tables under s3://" in run.stdout
 
 
 def test_two_concurrent_merges_of_one_table_never_commit_the_same_offsets(spark, broker, tmp_path):
-    import threading
-
     from deltalake import DeltaTable
 
-    from cdc_assets import pipeline
     from cdc_assets.io.delta import DeltaRsWriter, DeltaWriterError
 
     topic = new_topic(broker, "conc.s.t")
@@ -120,7 +125,6 @@ def test_two_concurrent_merges_of_one_table_never_commit_the_same_offsets(spark,
     source.close()
     produce(broker, topic, events(50, 50, topic_key=lambda i: i % 50))
 
-    both_folded = threading.Barrier(2, timeout=120)
     outcomes: list[object] = []
 
     def run() -> None:
@@ -132,15 +136,7 @@ def test_two_concurrent_merges_of_one_table_never_commit_the_same_offsets(spark,
         finally:
             source.close()
 
-    pipeline.fault_hook = lambda point: both_folded.wait() if point == "folded" else None
-    try:
-        threads = [threading.Thread(target=run) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        pipeline.fault_hook = None
+    race_after_fold(run, timeout_s=120)
     errors = [o for o in outcomes if isinstance(o, DeltaWriterError)]
     applied = [o for o in outcomes if not isinstance(o, DeltaWriterError) and not o.already_applied]
     assert len(applied) == 1 and len(outcomes) == 2

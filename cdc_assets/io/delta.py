@@ -220,19 +220,25 @@ def table_schema_of(rows: pa.Table) -> pa.Schema:
     return pa.schema([f for f in rows.schema if not f.name.startswith(HELPER_PREFIX)])
 
 
+# delta-spark's error classes for a commit that lost to another one (Delta's conflict check).
+_SPARK_COMMIT_CONFLICTS = ("DELTA_CONCURRENT_", "DELTA_METADATA_CHANGED", "DELTA_PROTOCOL_CHANGED")
+
+
 @contextmanager
 def _concurrent_commit_guard(target: DeltaTarget, commit: CommitRequest) -> Iterator[None]:
-    """Turn delta-rs commit conflicts into a clear error: nothing of the batch was committed."""
+    """Turn either writer's commit conflicts into a clear error: nothing of the batch was committed."""
     from deltalake.exceptions import CommitFailedError
 
     try:
         yield
-    except CommitFailedError as exc:
+    except Exception as exc:
+        if not isinstance(exc, CommitFailedError) and not any(name in str(exc) for name in _SPARK_COMMIT_CONFLICTS):
+            raise
         raise DeltaWriterError(
             f"{target.path}: another commit reached the table while this batch (offsets "
-            f"{dict(commit.offsets)}) was being merged ({exc}); nothing of this batch was committed and the next "
-            "run resumes from the table's committed offsets. Use Dagster pools so one table is merged by one run "
-            "at a time") from exc
+            f"{dict(commit.offsets)}) was being merged ({next(iter(str(exc).splitlines()), '')}); nothing of this "
+            "batch was committed and the next run resumes from the table's committed offsets. Use Dagster pools so "
+            "one table is merged by one run at a time") from exc
 
 
 def _renamed_rows(before_position: str, quote: Callable[[str], str]) -> str:
@@ -492,12 +498,15 @@ class DeltaSparkWriter:
         clauses += [self._render("WHEN NOT MATCHED", clause) for clause in plan.not_matched]
         clauses += [self._render("WHEN NOT MATCHED BY SOURCE", clause) for clause in plan.not_matched_by_source]
         try:
-            with self._committing(commit, schema_evolution=mode.evolves_schema):
+            with _concurrent_commit_guard(target, commit), self._committing(commit, mode.evolves_schema):
                 result = self._spark.sql(
                     f"MERGE INTO {self._table_ref(target)} t USING {view} s ON {plan.condition} {' '.join(clauses)}"
                 ).first()
         finally:
             self._spark.catalog.dropTempView(view)
+        if result is None:
+            # Delta skips (no result row) a MERGE whose txn version the table holds: another run committed it.
+            return MergeOutcome(delta_version=self._latest_version(target), already_applied=True)
         if self._latest_version(target) == before:
             # No row changed (a replay of applied events): commit the offsets alone.
             return self.commit_progress(target, commit)
@@ -515,7 +524,7 @@ class DeltaSparkWriter:
         if self._already_applied(target, commit):
             return MergeOutcome(delta_version=self._latest_version(target), already_applied=True)
         table = self._table_ref(target)
-        with self._committing(commit):
+        with _concurrent_commit_guard(target, commit), self._committing(commit):
             self._spark.sql(f"INSERT INTO {table} SELECT * FROM {table} WHERE false")
         return MergeOutcome(delta_version=self._latest_version(target))
 

@@ -116,14 +116,17 @@ def delta_jars_dir() -> Path:
 
 def object_store_jars(delta_root: str) -> str:
     """The jar files of Hadoop's connector for the store ``delta_root`` is on, comma-separated: for S3,
-    hadoop-aws and its AWS SDK bundle as ``scripts/setup`` fetched them (empty for other stores: a
-    cluster brings its own). Only sessions that need them get them: the SDK bundle is a large jar."""
-    if not delta_root or store_of(delta_root) != "s3":
+    hadoop-aws and its AWS SDK bundle, for ADLS hadoop-azure, as ``scripts/setup`` fetched them (empty
+    for other stores: a cluster brings its own). Only sessions that need them get them: the SDK bundle
+    is a large jar."""
+    store = store_of(delta_root) if delta_root else "local"
+    if store not in ("s3", "azure"):
         return ""
-    jars = sorted(hadoop_aws_jars_dir().glob("*.jar"))
+    directory = hadoop_aws_jars_dir() if store == "s3" else _share_dir() / "hadoop-azure-jars"
+    jars = sorted(directory.glob("*.jar"))
     if not jars:
-        raise StorageConfigError(f"delta.root '{delta_root}' is on S3, and Spark needs Hadoop's S3 connector: no jars "
-                                 f"in {hadoop_aws_jars_dir()} (run scripts/setup)")
+        raise StorageConfigError(f"delta.root '{delta_root}' is on {store}, and Spark needs Hadoop's connector for "
+                                 f"it: no jars in {directory} (run scripts/setup)")
     return ",".join(str(jar) for jar in jars)
 
 

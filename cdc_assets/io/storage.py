@@ -31,6 +31,11 @@ _SCHEMES: dict[str, Store] = {"s3": "s3", "s3a": "s3", "abfss": "azure", "abfs":
 # Options by their short name: delta-rs takes each with its store's prefix too (aws_region, azure_storage_...).
 _PREFIXES = ("aws_", "azure_storage_", "azure_", "google_")
 _S3A = "fs.s3a."
+# delta-rs 1.x commits to S3 with a conditional put (If-None-Match: *): options that seem to change that, and why not.
+_S3_COMMIT_OPTIONS = {
+    "s3_locking_provider": "delta-rs 1.x has no DynamoDB locking provider (it logs an error and ignores the option)",
+    "s3_allow_unsafe_rename": "delta-rs 1.x ignores it",
+}
 
 
 class StorageConfigError(ValueError):
@@ -86,11 +91,12 @@ def check_storage(root: str, options: Mapping[str, str]) -> None:
             missing = "secret_access_key_env" if key_id else "access_key_id_env"
             raise StorageConfigError(f"delta.storage_options.{missing} is missing: S3 keys come as a pair "
                                      "(or neither: the AWS default credentials of each writer)")
+        _check_s3_commits(options)
     elif store == "azure":
         if not _azure_account(root, options):
             raise StorageConfigError(f"delta.storage_options.account_name is missing: '{root}' does not name the "
                                      "storage account (abfss://<container>@<account>.dfs.core.windows.net/...)")
-        if _option(options, "use_azure_cli") is None and not any(
+        if _option(options, "use_azure_cli", "use_emulator") is None and not any(
                 _secret_env(options, name) for name in ("account_key", "sas_token", "client_secret")):
             raise StorageConfigError("delta.storage_options: an ADLS root needs a credential: account_key_env, "
                                      "sas_token_env, or client_secret_env with client_id and tenant_id")
@@ -99,6 +105,48 @@ def check_storage(root: str, options: Mapping[str, str]) -> None:
                 if _option(options, name) is None:
                     raise StorageConfigError(f"delta.storage_options.{name} is missing: client_secret_env "
                                              "(a service principal) needs client_id and tenant_id")
+        _check_azure_endpoint(root, options)
+    elif store == "gcs":
+        _check_gcs_credentials(options)
+
+
+def _check_azure_endpoint(root: str, options: Mapping[str, str]) -> None:
+    """An ``endpoint`` with a path (an emulator's, ``http://<host>:<port>/<account>``) names the root's
+    account: both writers address the account by that path."""
+    endpoint = _option(options, "endpoint")
+    if endpoint is None:
+        return
+    url = urlparse(endpoint[1])
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise StorageConfigError(f"delta.storage_options.{endpoint[0]}: '{endpoint[1]}' is not an http(s) URL")
+    in_path, account = url.path.strip("/"), _azure_account(root, options)
+    if in_path and in_path != account:
+        raise StorageConfigError(f"delta.storage_options.{endpoint[0]}: its path names account '{in_path}', the "
+                                 f"root's account is '{account}' (an emulator's endpoint is http://<host>:<port>/"
+                                 "<account>)")
+
+
+def _check_gcs_credentials(options: Mapping[str, str]) -> None:
+    """One GCS credential at most: a key file's path, or its JSON by environment variable (never inline)."""
+    key_file = _option(options, "service_account", "service_account_path", "application_credentials")
+    key_json = _secret_env(options, "service_account_key")
+    if key_file and key_json:
+        raise StorageConfigError(f"delta.storage_options: {key_file[0]} and {key_json[0]} both name a credential: "
+                                 "give one (a key file serves both writers)")
+
+
+def _check_s3_commits(options: Mapping[str, str]) -> None:
+    """Refuse options that would leave two runs' commits of one S3 table unsafe, or seem to change how
+    they are made: delta-rs's conditional put is what makes them safe (docs/storage.md, Commits)."""
+    for key, value in options.items():
+        why = _S3_COMMIT_OPTIONS.get(_short(key))
+        if why is None and _short(key) == "conditional_put" and value.strip().lower() == "disabled":
+            why = "without conditional puts delta-rs cannot commit to S3 at all"
+        if why is not None:
+            raise StorageConfigError(
+                f"delta.storage_options.{key}: {why}. Commits to S3 are conditional puts (If-None-Match: *), "
+                "which AWS S3 and most S3-compatible stores honour: of two commits of one version one fails. "
+                "Remove the option; a store without conditional puts cannot hold these tables safely")
 
 
 def delta_rs_options(options: Mapping[str, str]) -> dict[str, str]:
@@ -182,7 +230,7 @@ def _s3a_settings(root: str, options: Mapping[str, str]) -> dict[str, str]:
 def _abfs_settings(root: str, options: Mapping[str, str]) -> dict[str, str]:
     account = _azure_account(root, options)
     host = f"{account}.dfs.core.windows.net"
-    settings: dict[str, str] = {}
+    settings = _abfs_endpoint_settings(options)
     account_key = _secret_env(options, "account_key", "access_key")
     sas = _secret_env(options, "sas_token", "sas_key")
     client_secret = _secret_env(options, "client_secret")
@@ -202,6 +250,23 @@ def _abfs_settings(root: str, options: Mapping[str, str]) -> dict[str, str]:
         settings[f"fs.azure.account.oauth2.client.secret.{host}"] = _env_reference(client_secret[1])
         settings[f"fs.azure.account.oauth2.client.endpoint.{host}"] = \
             f"https://login.microsoftonline.com/{tenant_id[1] if tenant_id else ''}/oauth2/token"
+    return settings
+
+
+def _abfs_endpoint_settings(options: Mapping[str, str]) -> dict[str, str]:
+    """ABFS's settings for an ``endpoint`` other than Azure's, ``http[s]://<host>:<port>/<account>`` (an
+    emulator such as Azurite, which serves the Blob API only): ABFS takes ``<host>:<port>`` and adds the
+    account to the path itself, talks to it through its Blob-endpoint client as to a flat-namespace
+    account, and over plain HTTP for an ``http://`` endpoint (its default client speaks only TLS)."""
+    endpoint = _option(options, "endpoint")
+    url = urlparse(endpoint[1]) if endpoint else None
+    if url is None or url.path.strip("/") == "":  # Azure's own host names (private endpoints too): as they are
+        return {}
+    settings = {"fs.azure.abfs.endpoint": f"{url.hostname}:{url.port or (80 if url.scheme == 'http' else 443)}",
+                "fs.azure.account.hns.enabled": "false", "fs.azure.fns.account.service.type": "BLOB"}
+    if url.scheme == "http":
+        settings["fs.azure.always.use.https"] = "false"
+        settings["fs.azure.networking.library"] = "JDK_HTTP_URL_CONNECTION"
     return settings
 
 

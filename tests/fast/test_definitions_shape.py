@@ -37,7 +37,7 @@ def test_every_table_has_its_asset_and_checks_in_a_few_ops_per_connector(tmp_pat
     graph = defs.resolve_asset_graph()
     table = AssetKey(["dbserver1", "inventory", "t7"])
     orders = AssetKey(["server1", "dbo", "orders"])
-    assert len(list(graph.get_all_asset_keys())) == 51
+    assert len(list(graph.get_all_asset_keys())) == 2 * 51  # each table and its topic
     assert {k.name for k in graph.get(table).check_keys} == {*POST_MERGE, "freshness"}
     assert {k.name for k in graph.get(orders).check_keys} == {
         *POST_MERGE, "freshness", "transactions_reconciled", "consistent_watermark_fresh"}

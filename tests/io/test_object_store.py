@@ -18,14 +18,14 @@ from cdc_assets.config import ConfigError, parse_config
 from cdc_assets.core.apply_modes import apply_mode
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
-from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter
+from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter, MergeOutcome
 from cdc_assets.io.registry import read_history, record_change
 from cdc_assets.io.signals import SnapshotSignal, audit_signal
 from cdc_assets.io.spark import spark_config
 from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
 from cdc_assets.io.storage import StorageConfigError, delta_rs_options, spark_path, spark_settings
 from cdc_assets.io.transactions import TransactionLog, ingest_transactions
-from tests.conftest import new_topic, produce
+from tests.conftest import new_topic, produce, race_after_fold
 from tests.io.test_delta_writers import SCHEMA, batch, commit
 from tests.objectstore import ACCESS_KEY_ENV, SECRET_KEY_ENV, ObjectStore
 from tests.test_definitions import KEYS, sample_published
@@ -265,6 +265,13 @@ def test_storage_config_is_refused_at_load_naming_the_field():
         load("{root: 'abfss://c@acct.dfs.core.windows.net/cdc', "
              "storage_options: {client_secret_env: S, client_id: i}}")
     load("{root: 'gs://bucket/cdc', storage_options: {service_account_path: /etc/key.json}}")
+    # Options of how commits reach S3 that delta-rs 1.x ignores, or that would leave it no safe commit.
+    for option in ("AWS_S3_LOCKING_PROVIDER: dynamodb", "aws_s3_allow_unsafe_rename: 'true'",
+                   "conditional_put: disabled"):
+        with pytest.raises(ConfigError, match=re.escape(f"delta.storage_options.{option.split(':')[0]}: ")
+                           + ".*Commits to S3 are conditional puts"):
+            load(f"{{root: 's3://lake/cdc', storage_options: {{{option}}}}}")
+    load("{root: 's3://lake/cdc', storage_options: {conditional_put: etag}}")
 
 
 def test_azure_and_gcs_settings_for_spark_name_secrets_by_environment_variable_only():
@@ -316,3 +323,93 @@ def test_the_storage_docs_configs_load_and_the_s3_one_works_as_written(object_st
     assert DeltaRsWriter().read_progress(target, "cdc_assets:t").offsets == {0: 1}
     assert spark_settings(s3.root, s3.storage_options)["spark.hadoop.fs.s3a.secret.key"] == \
         "${env.S3_SECRET_ACCESS_KEY}"
+
+
+def test_two_delta_spark_runs_of_one_process_racing_on_s3_commit_a_batch_once(s3_spark, broker, object_store,
+                                                                             bucket):
+    # Two runs in one process (threads, each with its own session) fold the same batch of one table on S3, then
+    # commit at once: their commits take turns (one session's txn settings at a time), and Delta skips the
+    # later MERGE, whose app transaction version the table already holds: it reports the batch applied, so
+    # no offsets are committed twice and the table is the fold of every event. (Runs in processes of their
+    # own race below, on both writers.)
+
+    from cdc_assets import pipeline
+    from cdc_assets.catalog import CapturedTable
+    from cdc_assets.config import BatchLimits
+    from cdc_assets.io.kafka_source import KafkaSource
+    from tests.test_resilience import events
+
+    topic = new_topic(broker, "races3.s.t")
+    produce(broker, topic, events(0, 50, topic_key=lambda i: i))
+    options = object_store.storage_options()
+    table = CapturedTable(connector="test", kind="postgresql", topic_prefix=topic.split(".")[0], name="s.t",
+                          topic=topic, target=DeltaTarget(f"s3://{bucket}/t", options))
+    server = ensure_local_server(spark_config(delta_root="s3://any/cdc", storage_options=options))
+
+    def run() -> MergeOutcome:
+        session = connect(server)
+        source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "races3"})
+        try:
+            writer = writer_named("delta-spark", session)
+            return pipeline.merge_micro_batch(session, source, writer, table, BatchLimits()).outcome
+        finally:
+            source.close()
+            disconnect(session)
+
+    run()
+    produce(broker, topic, events(50, 50, topic_key=lambda i: i % 50))
+    outcomes: list[MergeOutcome] = []
+    race_after_fold(lambda: outcomes.append(run()))
+    assert sorted(outcome.already_applied for outcome in outcomes) == [False, True], outcomes
+    delta = DeltaTable(table.target.path, storage_options=delta_rs_options(table.target.storage_options))
+    versions = [json.loads(entry["userMetadata"])["cdc_assets"]["version"] for entry in reversed(delta.history())
+                if entry.get("userMetadata")]
+    assert versions == [50, 100]  # each batch's offsets committed once, in order
+    rows = delta.to_pyarrow_table(columns=["id", "v"]).to_pylist()
+    assert sorted((row["id"], row["v"]) for row in rows) == [(i, 50 + i) for i in range(50)]
+
+
+RACE_WORKER = Path(__file__).with_name("race_worker.py")
+
+
+@pytest.mark.parametrize("writer_name", ["delta-rs", "delta-spark"])
+def test_two_run_processes_racing_on_s3_commit_a_batch_once(s3_spark, broker, object_store, bucket, writer_name,
+                                                            tmp_path):
+    # As two Dagster runs: two processes, each with its own session on the one local Spark server (delta-spark
+    # commits through its JVM), fold the same batch and commit at once.
+    import subprocess
+    import sys
+
+    from tests.test_resilience import events
+
+    topic = new_topic(broker, "raceproc.s.t")
+    produce(broker, topic, events(0, 50, topic_key=lambda i: i))
+    options = object_store.storage_options()
+    server = ensure_local_server(spark_config(delta_root="s3://any/cdc", storage_options=options))
+    path = f"s3://{bucket}/t"
+
+    def race(barrier: Path, racers: int) -> list[dict]:
+        barrier.mkdir()
+        command = [sys.executable, str(RACE_WORKER), "--bootstrap", broker.bootstrap_servers, "--topic", topic,
+                   "--path", path, "--storage-options", json.dumps(options), "--writer", writer_name,
+                   "--spark", server, "--barrier", str(barrier), "--racers", str(racers)]
+        runs = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(racers)]
+        outputs = [run.communicate(timeout=600) for run in runs]
+        failures = [[line[:500] for line in err.splitlines() if "Error" in line or "Exception" in line][-3:]
+                    for _, err in outputs]
+        assert all(run.returncode == 0 for run in runs), failures
+        return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+
+    assert race(tmp_path / "first", 1) == [{"applied": True, "already_applied": False}]
+    produce(broker, topic, events(50, 50, topic_key=lambda i: i % 50))
+    outcomes = race(tmp_path / "second", 2)
+    assert sum(o.get("applied", False) for o in outcomes) == 1, outcomes
+    assert all(o.get("already_applied") or "nothing of this batch was committed" in o.get("error", "")
+               for o in outcomes if not o.get("applied")), outcomes
+    delta = DeltaTable(path, storage_options=delta_rs_options(options))
+    versions = [json.loads(entry["userMetadata"])["cdc_assets"]["version"] for entry in reversed(delta.history())
+                if entry.get("userMetadata")]
+    assert versions == [50, 100]
+    rows = delta.to_pyarrow_table(columns=["id", "v"]).to_pylist()
+    assert sorted((row["id"], row["v"]) for row in rows) == [(i, 50 + i) for i in range(50)]

@@ -2,6 +2,7 @@
 sample, a merge, `dagster dev`), a round of changes (`scripts/demo --changes`) materialized from the UI,
 driven by headless Chromium. The tour's screenshots land in docs/images/."""
 
+import json
 import os
 import shutil
 import signal
@@ -91,8 +92,13 @@ def test_the_tour_in_the_ui(tour):
             def launch(response):
                 return "graphql" in response.url and "LaunchPipelineExecution" in (response.request.post_data or "")
 
-            with page.expect_response(launch, timeout=120_000):
+            with page.expect_response(launch, timeout=120_000) as launched:
                 materialize_all.click()
+            # The UI runs the first job (by name) holding the selected tables, with that job's checks of them:
+            # CDC_merge_from_UI, the merge's blocking checks only (not the 18 of Dagster's own asset job).
+            selector = json.loads(launched.value.request.post_data)["variables"]["executionParams"]["selector"]
+            assert selector["pipelineName"] == "CDC_merge_from_UI", selector
+            assert len(selector["assetCheckSelection"]) == 6, selector["assetCheckSelection"]
             page.goto(base + "/assets/dbserver1/inventory/products")
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:

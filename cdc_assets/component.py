@@ -1,0 +1,141 @@
+"""The project as a Dagster component: ``cdc_assets.CdcComponent``, declared in a ``defs.yaml``.
+
+Its attributes are the pipeline config's fields (``kafka``, ``delta``, ``connectors``, ``spark``,
+``batch``, ...), validated as ``CDC_ASSETS_CONFIG``'s file is, with errors naming the ``defs.yaml``, the
+line and the field. ``translation`` changes how each table appears in Dagster, as dagster-sling's does
+(the template scope has ``table``, a ``CapturedTable``, and ``spec``, the default ``AssetSpec``), and
+Dagster's own ``post_processing`` applies to the assets it builds::
+
+    type: cdc_assets.CdcComponent
+    attributes:
+      kafka:
+        bootstrap_servers: "{{ env.KAFKA_BOOTSTRAP_SERVERS }}"
+      delta:
+        root: /data/delta
+      connectors:
+        - name: inventory
+          kind: postgresql
+          topic.prefix: inventory
+          tables:
+            - name: public.customers
+      translation:
+        group_name: "bronze_{{ table.connector }}"
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from dagster import (
+    AssetKey,
+    AssetSpec,
+    AutomationCondition,
+    Component,
+    ComponentLoadContext,
+    Definitions,
+    FreshnessPolicy,
+    Model,
+    Resolvable,
+)
+from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
+
+from cdc_assets.catalog import CapturedTable
+from cdc_assets.config import PipelineConfig, validate_config
+from cdc_assets.translator import CdcTranslator
+
+_PIPELINE_FIELDS = tuple(PipelineConfig.model_fields)
+_COMPONENT_TYPES = ("cdc_assets.CdcComponent", "cdc_assets.component.CdcComponent")
+
+
+class TranslatedCdcTranslator(CdcTranslator):
+    """``CdcTranslator`` with a component's ``translation`` applied to each table's default spec."""
+
+    def __init__(self, translation: TranslationFn[CapturedTable]):
+        self._translation = translation
+        self._specs: dict[tuple[str, str], AssetSpec] = {}
+
+    def _spec(self, table: CapturedTable) -> AssetSpec:
+        known = self._specs.get((table.connector, table.name))
+        if known is None:
+            default = AssetSpec(super().get_asset_key(table), group_name=super().get_group_name(table),
+                                description=super().get_description(table), metadata=super().get_metadata(table),
+                                owners=super().get_owners(table), tags=super().get_tags(table),
+                                freshness_policy=super().get_freshness_policy(table),
+                                automation_condition=super().get_automation_condition(table))
+            known = self._specs[(table.connector, table.name)] = self._translation(default, table)
+        return known
+
+    def get_asset_key(self, table: CapturedTable) -> AssetKey:
+        return self._spec(table).key
+
+    def get_group_name(self, table: CapturedTable) -> str:
+        return self._spec(table).group_name or super().get_group_name(table)
+
+    def get_owners(self, table: CapturedTable) -> list[str]:
+        return list(self._spec(table).owners)
+
+    def get_tags(self, table: CapturedTable) -> dict[str, str]:
+        return dict(self._spec(table).tags)
+
+    def get_description(self, table: CapturedTable) -> str:
+        return self._spec(table).description or ""
+
+    def get_metadata(self, table: CapturedTable) -> dict[str, Any]:
+        return dict(self._spec(table).metadata)
+
+    def get_freshness_policy(self, table: CapturedTable) -> FreshnessPolicy | None:
+        return self._spec(table).freshness_policy
+
+    def get_automation_condition(self, table: CapturedTable) -> AutomationCondition | None:
+        return self._spec(table).automation_condition
+
+
+class CdcComponent(Component, Resolvable, Model):
+    """Debezium topics kept in step with Delta tables: the assets, checks, jobs, schedules, sensors and
+    resources that ``build_definitions`` makes of a pipeline config, from a ``defs.yaml``'s attributes."""
+
+    kafka: dict[str, Any]
+    delta: dict[str, Any]
+    connectors: list[dict[str, Any]]
+    spark: dict[str, Any] | None = None
+    batch: dict[str, Any] | None = None
+    merge_schedule: dict[str, Any] | None = None
+    freshness_schedule: dict[str, Any] | None = None
+    compaction: dict[str, Any] | None = None
+    max_capture_lag_s: float | None = None
+    checks_after_merge: str | None = None
+    translation: Annotated[TranslationFn[CapturedTable],
+                           TranslationFnResolver[CapturedTable](lambda table: {"table": table})] | None = None
+
+    def pipeline_config(self, source: Path | None = None) -> PipelineConfig:
+        """The attributes as a validated pipeline config; ``source``: the ``defs.yaml`` they came from
+        (its lines are named in errors)."""
+        data = {name: value for name in _PIPELINE_FIELDS if (value := getattr(self, name)) is not None}
+        return validate_config(data, str(source or "<component>"), *_attributes_node(source))
+
+    def build_defs(self, context: ComponentLoadContext) -> Definitions:
+        """``build_definitions`` of the attributes, with the ``translation`` if any."""
+        from cdc_assets.definitions import build_definitions
+
+        source = context.path / "defs.yaml" if context.path.is_dir() else context.path
+        translator = TranslatedCdcTranslator(self.translation) if self.translation is not None else None
+        return build_definitions(self.pipeline_config(source if source.is_file() else None), translator)
+
+
+def _attributes_node(source: Path | None) -> tuple[yaml.Node | None, tuple[str, ...]]:
+    """The YAML node of the component's document in ``source`` and the path to its attributes (for
+    errors' line numbers); none when there is no file or no such document."""
+    if source is None:
+        return None, ()
+    try:
+        documents = list(yaml.compose_all(source.read_text()))
+    except (OSError, yaml.YAMLError):
+        return None, ()
+    for document in documents:
+        if isinstance(document, yaml.MappingNode) and any(
+                key.value == "type" and getattr(value, "value", None) in _COMPONENT_TYPES
+                for key, value in document.value):
+            return document, ("attributes",)
+    return None, ()

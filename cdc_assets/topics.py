@@ -1,0 +1,104 @@
+"""Each captured table's Kafka topic as an observable source asset, upstream of its Delta table.
+
+A topic's data version is its end offsets: an observation with a new one means new change events, which is
+what a table's automation condition (``AutomationCondition.eager()`` and the like) reacts to. One consumer
+observes every topic at once (``TopicProbe.end_offsets``), whether the observation comes from the topics'
+op (the UI's "Observe", an observation run) or from ``topic_observations`` (a sensor's tick, no run).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from dagster import (
+    AssetKey,
+    AssetObservation,
+    AssetsDefinition,
+    AssetSpec,
+    DagsterInstance,
+    DataVersion,
+    EventLogEntry,
+    JsonMetadataValue,
+    ObserveResult,
+    multi_observable_source_asset,
+)
+from dagster._core.definitions.data_version import DATA_VERSION_TAG
+
+from cdc_assets.catalog import CapturedTable
+from cdc_assets.io.freshness import TopicProbe
+from cdc_assets.translator import CdcTranslator
+
+TOPIC_KINDS = {"kafka"}
+
+
+def topic_data_version(ends: Mapping[int, int]) -> str:
+    """A topic's data version: its end offsets per partition (changed by every new record, nothing else)."""
+    return json.dumps({str(partition): ends[partition] for partition in sorted(ends)}, separators=(",", ":"))
+
+
+def topic_observations(tables: Sequence[CapturedTable], probe: TopicProbe, translator: CdcTranslator,
+                       recorded: Mapping[AssetKey, Mapping[int, int] | None] | None = None
+                       ) -> list[AssetObservation]:
+    """An observation of each table's topic: its data version (``topic_data_version``), end offsets and, where
+    ``recorded`` gives the end offsets the table's latest materialization applied, the events waiting past
+    them. A missing topic is left out (its table's run says why)."""
+    ends = probe.end_offsets(table.topic for table in tables)
+    observations = []
+    for table in tables:
+        end = ends.get(table.topic)
+        if end is None:
+            continue
+        metadata: dict[str, Any] = {"topic": table.topic, "end_offsets": {str(p): o for p, o in sorted(end.items())}}
+        if recorded is not None:
+            applied = recorded.get(translator.get_asset_key(table)) or {}
+            metadata["events_waiting"] = sum(max(0, offset - applied.get(partition, 0))
+                                             for partition, offset in end.items())
+        observations.append(AssetObservation(asset_key=translator.get_topic_asset_key(table), metadata=metadata,
+                                             tags={DATA_VERSION_TAG: topic_data_version(end)}))
+    return observations
+
+
+def build_topic_sources(tables: Sequence[CapturedTable], kafka_settings: Mapping[str, Any],
+                        translator: CdcTranslator | None = None, name: str = "cdc_topics") -> AssetsDefinition:
+    """The topics of ``tables`` as observable source assets (one subsettable op observes the selected ones
+    with one consumer), each in its table's group."""
+    translator = translator or CdcTranslator()
+    by_key = {translator.get_topic_asset_key(table): table for table in tables}
+    specs = [AssetSpec(key, group_name=translator.get_group_name(table), kinds=TOPIC_KINDS,
+                       description=f"Kafka topic `{table.topic}`: the change events of `{table.name}` "
+                                   f"({table.kind} connector `{table.connector}`).",
+                       metadata={"topic": table.topic})
+             for key, table in by_key.items()]
+
+    @multi_observable_source_asset(name=name, specs=specs, can_subset=True,
+                                   description="Observes the topics' end offsets (their data versions)")
+    def cdc_topics(context) -> Iterator[ObserveResult]:  # Dagster refuses a string annotation of context here
+        selected = [table for key, table in by_key.items() if key in context.selected_asset_keys]
+        with TopicProbe(kafka_settings) as probe:
+            observations = topic_observations(selected, probe, translator,
+                                              recorded_ends(context.instance, selected, translator))
+        for observation in observations:
+            yield ObserveResult(asset_key=observation.asset_key, metadata=observation.metadata,
+                                data_version=DataVersion(observation.tags[DATA_VERSION_TAG]))
+
+    return cdc_topics
+
+
+def recorded_ends(instance: DagsterInstance, tables: Sequence[CapturedTable], translator: CdcTranslator
+                  ) -> dict[AssetKey, dict[int, int] | None]:
+    """The end offsets each table's latest materialization recorded (None: none, or one that recorded none)."""
+    keys = [translator.get_asset_key(table) for table in tables]
+    latest = instance.get_latest_materialization_events(keys)
+    return {key: materialized_ends(latest.get(key)) for key in keys}
+
+
+def materialized_ends(entry: EventLogEntry | None) -> dict[int, int] | None:
+    """The end offsets per partition a materialization's ``offsets`` metadata (``report_metadata``) recorded, or
+    None (no materialization, or one of a schema change)."""
+    materialization = entry.asset_materialization if entry is not None else None
+    offsets = materialization.metadata.get("offsets") if materialization is not None else None
+    if not isinstance(offsets, JsonMetadataValue) or not isinstance(offsets.value, dict):
+        return None
+    return {int(partition): int(span["to"]) for partition, span in offsets.value.items()}
