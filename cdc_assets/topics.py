@@ -24,6 +24,7 @@ from dagster import (
     ObserveResult,
     multi_observable_source_asset,
 )
+# Not exported at dagster's top level: the tag under which an observation carries its data version.
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from cdc_assets.catalog import CapturedTable
@@ -43,7 +44,7 @@ def topic_observations(tables: Sequence[CapturedTable], probe: TopicProbe, trans
                        ) -> list[AssetObservation]:
     """An observation of each table's topic: its data version (``topic_data_version``), end offsets and, where
     ``recorded`` gives the end offsets the table's latest materialization applied, the events waiting past
-    them. A missing topic is left out (its table's run says why)."""
+    them (records retention deleted counted too). A missing topic is left out (its table's run says why)."""
     ends = probe.end_offsets(table.topic for table in tables)
     observations = []
     for table in tables:
