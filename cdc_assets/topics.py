@@ -24,6 +24,7 @@ from dagster import (
     ObserveResult,
     multi_observable_source_asset,
 )
+
 # Not exported at dagster's top level: the tag under which an observation carries its data version.
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
