@@ -42,9 +42,10 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     """Assets (one per captured table), checks, jobs, schedules, sensors and resources for a pipeline
     config; ``translator`` (default ``CdcTranslator()``) decides how each table appears in Dagster."""
     translator = translator or CdcTranslator()
+    kafka_settings = kafka_client_settings(config.kafka)
 
     def list_topics() -> list[str]:
-        source = KafkaSource(kafka_client_settings(config.kafka))
+        source = KafkaSource(kafka_settings)
         try:
             return source.topics()
         finally:
@@ -57,7 +58,7 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     table_for = table_finder(config, tables)
     apply_schema_change_job = build_apply_schema_change_job(table_for, config.batch)
     sensors = [make_schema_change_sensor(config, table_for, apply_schema_change_job, translator=translator),
-               make_events_waiting_sensor(live, kafka_client_settings(config.kafka), translator=translator)]
+               make_events_waiting_sensor(live, kafka_settings, translator=translator)]
     # One op per connector for its tables' merges (and the checks its merge runs evaluate), one for its
     # live freshness checks, one for the checks left to their schedule: each table is still an asset with
     # checks of its own, but a few ops rather than six or more per table keep the load (every run worker
@@ -84,20 +85,20 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     for connector in config.connectors:
         if connector.name in transactional:
             sensors.append(make_transaction_sensor(connector, [t for t in tables if t.connector == connector.name],
-                                                   kafka_client_settings(config.kafka), merge_job,
+                                                   kafka_settings, merge_job,
                                                    translator=translator))
     if signalled:
         sensors.append(make_snapshot_backfill_sensor([t for t in live if t.connector in signalled],
                                                      incremental_snapshot_job, merge_job,
-                                                     kafka_client_settings(config.kafka), translator=translator))
+                                                     kafka_settings, translator=translator))
     return Definitions(
         assets=[*(build_connector_assets(members, config.batch, transactional.get(connector), translator)
                   for connector, members in by_connector.items()),
-                *([build_topic_sources(tables, kafka_client_settings(config.kafka), translator)] if tables else [])],
+                *([build_topic_sources(tables, kafka_settings, translator)] if tables else [])],
         asset_checks=scheduled_ops,
         jobs=[merge_job, ui_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job,
               resume_snapshot_job, apply_schema_change_job, freshness_job, compaction_job],
-        schedules=[*build_merge_schedules(config, merge_job, tables, kafka_client_settings(config.kafka), translator),
+        schedules=[*build_merge_schedules(config, merge_job, tables, kafka_settings, translator),
                    *build_snapshot_schedules(config),
                    build_freshness_schedule(config, freshness_job), build_compaction_schedule(config, compaction_job)],
         sensors=sensors,

@@ -79,8 +79,8 @@ def build_topic_sources(tables: Sequence[CapturedTable], kafka_settings: Mapping
     def cdc_topics(context) -> Iterator[ObserveResult]:  # Dagster refuses a string annotation of context here
         selected = [table for key, table in by_key.items() if key in context.selected_asset_keys]
         with TopicProbe(kafka_settings) as probe:
-            observations = topic_observations(selected, probe, translator,
-                                              recorded_ends(context.instance, selected, translator))
+            recorded = recorded_ends(context.instance, [translator.get_asset_key(table) for table in selected])
+            observations = topic_observations(selected, probe, translator, recorded)
         for observation in observations:
             yield ObserveResult(asset_key=observation.asset_key, metadata=observation.metadata,
                                 data_version=DataVersion(observation.tags[DATA_VERSION_TAG]))
@@ -88,10 +88,9 @@ def build_topic_sources(tables: Sequence[CapturedTable], kafka_settings: Mapping
     return cdc_topics
 
 
-def recorded_ends(instance: DagsterInstance, tables: Sequence[CapturedTable], translator: CdcTranslator
-                  ) -> dict[AssetKey, dict[int, int] | None]:
-    """The end offsets each table's latest materialization recorded (None: none, or one that recorded none)."""
-    keys = [translator.get_asset_key(table) for table in tables]
+def recorded_ends(instance: DagsterInstance, keys: Sequence[AssetKey]) -> dict[AssetKey, dict[int, int] | None]:
+    """The end offsets the latest materialization of each table asset of ``keys`` recorded, from one event-log
+    query (None: none, or one that recorded none)."""
     latest = instance.get_latest_materialization_events(keys)
     return {key: materialized_ends(latest.get(key)) for key in keys}
 

@@ -24,7 +24,7 @@ from cdc_assets.catalog import CapturedTable
 from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import MergeScheduleConfig, PipelineConfig
 from cdc_assets.io.freshness import TopicProbe
-from cdc_assets.topics import materialized_ends
+from cdc_assets.topics import recorded_ends
 from cdc_assets.translator import STATUS_TAG, CdcTranslator
 
 if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export its name
@@ -94,10 +94,10 @@ def pending_tables(tables: Mapping[AssetKey, CapturedTable], instance: DagsterIn
     The materialization records the offsets its Delta commit made; a table is skipped only when its topic
     ends exactly there. A table whose Delta table went back (a RESTORE) waits for its next event; one whose
     merge failed, or whose topic is missing, is requested again (the run then says why)."""
-    latest = instance.get_latest_materialization_events(tables)
+    recorded = recorded_ends(instance, list(tables))
     ends = probe.end_offsets(table.topic for table in tables.values())
     return {key: table for key, table in tables.items()
-            if table.topic not in ends or materialized_ends(latest.get(key)) != ends[table.topic]}
+            if table.topic not in ends or recorded[key] != ends[table.topic]}
 
 
 def configured_schedule(name: str, job: JobDefinition | UnresolvedAssetJobDefinition,

@@ -32,11 +32,12 @@ def make_events_waiting_sensor(tables: Sequence[CapturedTable], kafka_settings: 
                                                                                                  translator)}
             for table in tables:
                 seen = topics.get(translator.get_topic_asset_key(table))
+                if seen is None:  # one missing topic must not hide the other tables' backlogs
+                    context.log.warning(f"{table.topic}: topic '{table.topic}' does not exist")
+                    continue
                 try:
-                    if seen is None:
-                        raise SourceError(f"topic '{table.topic}' does not exist")
                     state, heartbeat = live_freshness(table, probe)
-                except SourceError as exc:  # one missing topic must not hide the other tables' backlogs
+                except SourceError as exc:  # nor one unreadable topic
                     context.log.warning(f"{table.topic}: {exc}")
                     continue
                 metadata = {**seen.metadata, **freshness_metadata(state, heartbeat)}

@@ -167,3 +167,10 @@ def test_dg_dev_serves_the_components_assets(project, tmp_path):
     tables = {"sales/public/customers", "sales/public/orders"}
     assert {("/".join(node["assetKey"]["path"]), node["groupName"]) for node in nodes} == {
         (key, "bronze_sales") for key in tables | {f"kafka/{table}" for table in tables}}
+
+
+def test_the_component_takes_every_field_of_the_pipeline_config():
+    """Its attributes are written out beside PipelineConfig's fields: a field added to one is added to both."""
+    from cdc_assets.config import PipelineConfig
+
+    assert set(CdcComponent.model_fields) - {"translation"} == set(PipelineConfig.model_fields)
