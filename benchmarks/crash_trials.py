@@ -15,9 +15,12 @@ offsets reach the end of every partition, and the Delta history never commits th
 twice.
 
 ``--store s3`` keeps the tables under an ``s3://`` root on a private S3-API server (moto's, the
-tests' ``tests/objectstore.py``: run ``scripts/setup-tests`` first), checked the same way.
+tests' ``tests/objectstore.py``: run ``scripts/setup-tests`` first), checked the same way. ``--writer
+delta-spark`` MERGEs and commits with delta-spark in the local Spark server (delta-rs by default): a kill
+of the worker leaves the server running, so a MERGE it had sent may still commit after the worker died,
+which the rerun must then find applied.
 
-    python benchmarks/crash_trials.py [--trials 20] [--events 20000] [--store local|s3]
+    python benchmarks/crash_trials.py [--trials 20] [--events 20000] [--store local|s3] [--writer delta-rs|delta-spark]
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ def worker(args: argparse.Namespace) -> None:
     from cdc_assets import pipeline
     from cdc_assets.catalog import CapturedTable
     from cdc_assets.config import BatchLimits
-    from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
+    from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter
     from cdc_assets.io.kafka_source import KafkaSource
     from cdc_assets.io.spark import spark_config
     from cdc_assets.io.spark_server import connect, ensure_local_server
@@ -77,13 +80,14 @@ def worker(args: argparse.Namespace) -> None:
             kill()
 
     pipeline.fault_hook = hook
-    # The embedded default: the local Spark server (it folds; delta-rs writes), which a SIGKILL of this process
-    # leaves running.
-    spark = connect(ensure_local_server(spark_config()))
-    target = DeltaTarget(args.delta, json.loads(args.storage_options))
+    # The embedded default: the local Spark server (it folds; delta-rs or, in it, delta-spark writes), with the
+    # store's settings as a run has them, which a SIGKILL of this process leaves running.
+    storage_options = json.loads(args.storage_options)
+    spark = connect(ensure_local_server(spark_config(delta_root=args.delta, storage_options=storage_options)))
+    target = DeltaTarget(args.delta, storage_options)
     table = CapturedTable("crash", "postgresql", "crash", "public.accounts", TOPIC, target)
     source = KafkaSource({"bootstrap.servers": args.bootstrap, "group.id": "crash"})
-    writer = DeltaRsWriter()
+    writer: DeltaWriter = DeltaSparkWriter(spark) if args.writer == "delta-spark" else DeltaRsWriter()
     # As a run does: the next batch folded while one is merged (so kills land in either).
     limits = BatchLimits(max_records=args.batch, max_batches_per_run=1_000_000)
     for _ in pipeline.merge_micro_batches(spark, source, writer, table, limits):
@@ -170,7 +174,7 @@ def run_worker(args: argparse.Namespace, delta: str, storage_options: Mapping[st
                crash_at: str | None = None, kill_after: int = 0, kill_fraction: float = 0.0) -> subprocess.Popen:
     command = [sys.executable, __file__, "--worker", "--bootstrap", args.bootstrap, "--delta", delta,
                "--storage-options", json.dumps(dict(storage_options)), "--batch", str(args.batch), "--seed", str(seed),
-               "--kill-after", str(kill_after), "--kill-fraction", str(kill_fraction)]
+               "--kill-after", str(kill_after), "--kill-fraction", str(kill_fraction), "--writer", args.writer]
     if crash_at:
         command += ["--crash-at", crash_at]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
@@ -207,6 +211,8 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--store", choices=("local", "s3"), default="local",
                         help="where the Delta tables live: local disk, or s3:// on a private S3-API server")
+    parser.add_argument("--writer", choices=("delta-rs", "delta-spark"), default="delta-rs",
+                        help="the Delta writer of the merges (delta-spark: in the local Spark server)")
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
@@ -239,7 +245,7 @@ def main() -> int:
         # A worker passes three markers a batch (consumed, folded, committed).
         markers = 3 * math.ceil(records / args.batch)
         print(f"{records} records ({args.events} events) over {args.keys} keys, batches of {args.batch}, "
-              f"tables under {root}")
+              f"tables under {root}, writer {args.writer}")
         for trial in range(args.trials):
             point = POINTS[trial % len(POINTS)]
             delta = f"{root}/trial-{trial}"

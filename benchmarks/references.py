@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -56,15 +56,18 @@ SPARK_ENVELOPE = (
 Fold = Callable[[pa.Table, dict[str, float]], pa.Table]
 
 
-def run_no_spark(bootstrap: str, topic: str, batch: int, target: str) -> dict[str, float]:
-    """No Spark at all: confluent-kafka consume, pyarrow JSON parse, pyarrow fold, delta-rs MERGE.
+def run_no_spark(bootstrap: str, topic: str, batch: int, target: str,
+                 storage_options: Mapping[str, str] | None = None) -> dict[str, float]:
+    """No Spark at all: confluent-kafka consume, pyarrow JSON parse, pyarrow fold, delta-rs MERGE
+    (``storage_options``: delta-rs's, for a ``target`` on object storage).
 
     Stages: ``consume_s``, ``parse_fold_s``, ``merge_commit_s``.
     """
-    return _run(bootstrap, topic, batch, target, _fold_arrow)
+    return _run(bootstrap, topic, batch, target, _fold_arrow, storage_options)
 
 
-def run_spark_fold(spark: SparkSession, bootstrap: str, topic: str, batch: int, target: str) -> dict[str, float]:
+def run_spark_fold(spark: SparkSession, bootstrap: str, topic: str, batch: int, target: str,
+                   storage_options: Mapping[str, str] | None = None) -> dict[str, float]:
     """Spark parse + fold written plainly (default settings): createDataFrame from the Arrow raw records,
     from_json with the full envelope schema, row_number() over a window partitioned by key ordered by
     source.lsn desc, keep rn == 1, toArrow, delta-rs MERGE.
@@ -86,7 +89,7 @@ def run_spark_fold(spark: SparkSession, bootstrap: str, topic: str, batch: int, 
                     .select("id", "e.after.balance", "e.after.owner", "e.after.status", "e.after.seq", "e.op")
                     .toArrow())
 
-    return _run(bootstrap, topic, batch, target, fold)
+    return _run(bootstrap, topic, batch, target, fold, storage_options)
 
 
 SPARK_KAFKA_JARS = Path(sys.prefix) / "share" / "cdc-assets" / "spark-kafka-jars"
@@ -236,14 +239,15 @@ def _timed(stages: dict[str, float], stage: str) -> Iterator[None]:
     stages[stage] = stages.get(stage, 0.0) + time.perf_counter() - started
 
 
-def _run(bootstrap: str, topic: str, batch: int, target: str, fold: Fold) -> dict[str, float]:
+def _run(bootstrap: str, topic: str, batch: int, target: str, fold: Fold,
+         storage_options: Mapping[str, str] | None = None) -> dict[str, float]:
     """Consume, fold and merge batch after batch until the topic's high watermarks; the stage seconds."""
     stages: dict[str, float] = {}
     batches = 0
     with _TopicReader(bootstrap, topic) as reader:
         started = time.perf_counter()
         with _timed(stages, "merge_commit_s"):
-            table = DeltaTable.create(target, schema=TABLE_SCHEMA)
+            table = DeltaTable.create(target, schema=TABLE_SCHEMA, storage_options=dict(storage_options or {}))
         while not reader.caught_up():
             with _timed(stages, "consume_s"):
                 raw = reader.read(batch)

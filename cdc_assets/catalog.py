@@ -16,6 +16,7 @@ from cdc_assets.config import (
     TableConfig,
 )
 from cdc_assets.core.apply_modes import ApplyMode, ApplyModeName, apply_mode
+from cdc_assets.io.avro import SchemaRegistrySettings
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.registry import RegistryEntry
 from cdc_assets.io.transactions import TransactionLog
@@ -48,6 +49,7 @@ class CapturedTable:
     on_truncate: str = "halt"
     checks_after_merge: ChecksAfterMerge = "blocking"  # the pipeline's: which checks its merge runs evaluate
     automation: str = "eager"  # how Dagster's declarative automation merges it (config: automation)
+    schema_registry: SchemaRegistrySettings | None = None  # the connector's format is avro: its schemas
 
     @property
     def app_id(self) -> str:
@@ -71,7 +73,17 @@ def _transaction_log(config: PipelineConfig, connector: ConnectorConfig, table: 
         return None
     topic = connector.transaction_topic or f"{connector.topic_prefix}.transaction"
     return TransactionLog(topic, DeltaTarget(pipeline_table_path(config.delta.root, f"transactions/{topic}"),
-                                             dict(config.delta.storage_options)), connector.kind)
+                                             dict(config.delta.storage_options)), connector.kind,
+                          schema_registry_settings(connector))
+
+
+def schema_registry_settings(connector: ConnectorConfig) -> SchemaRegistrySettings | None:
+    """Where an Avro connector's schemas are (None: the connector's format is json)."""
+    registry = connector.schema_registry
+    if connector.format != "avro" or registry is None:
+        return None
+    return SchemaRegistrySettings(registry.url, registry.basic_auth_user_env, registry.basic_auth_password_env,
+                                  registry.ssl_ca_location)
 
 
 def _is_url(path: str) -> bool:
@@ -123,6 +135,7 @@ def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: T
         unavailable_placeholder=connector.unavailable_value_placeholder,
         on_truncate=table.on_truncate,
         automation=table.automation or connector.automation,
+        schema_registry=schema_registry_settings(connector),
     )
 
 

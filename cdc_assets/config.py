@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
 from cdc_assets.io.signals import DEFAULT_DEBEZIUM_VERSION
@@ -205,6 +213,31 @@ class SnapshotScheduleConfig(_Model):
     timezone: str = "UTC"
 
 
+RecordFormat = Literal["json", "avro"]
+
+
+class SchemaRegistryConfig(_Model):
+    """The schema registry an Avro connector's converter registers its schemas in (Confluent's, or one with
+    its API: Apicurio's ``/apis/ccompat/v7``). Secrets are named by environment variable, never inline."""
+
+    url: str = Field(pattern=r"^https?://\S+$", description="the registry's Confluent-compatible API, "
+                                                              "e.g. http://registry:8080/apis/ccompat/v7")
+    basic_auth_user_env: str | None = Field(default=None, description="env var with the basic-auth user")
+    basic_auth_password_env: str | None = Field(default=None, description="env var with the basic-auth password")
+    ssl_ca_location: str | None = Field(default=None, description="CA certificate file (PEM) of an https registry")
+
+    @model_validator(mode="after")
+    def _auth_pairs(self) -> SchemaRegistryConfig:
+        if (self.basic_auth_user_env is None) != (self.basic_auth_password_env is None):
+            raise ValueError("basic auth needs both basic_auth_user_env and basic_auth_password_env")
+        if self.ssl_ca_location is not None:
+            if not self.url.startswith("https://"):
+                raise ValueError(f"ssl_ca_location is for an https:// registry, url is '{self.url}'")
+            if not Path(self.ssl_ca_location).is_file():
+                raise ValueError(f"ssl_ca_location '{self.ssl_ca_location}' is not a readable file")
+        return self
+
+
 class ConnectorConfig(_Model):
     """One Debezium connector: its kind, ``topic.prefix`` and captured tables."""
 
@@ -230,8 +263,24 @@ class ConnectorConfig(_Model):
     automation: Automation = Field(default="eager", description=(
         "how Dagster's declarative automation merges a table: eager = when its topic's observation shows new "
         "events (once the automation sensor runs), none = only by a run a schedule, sensor or user launches"))
+    format: RecordFormat = Field(default="json", description=(
+        "the connector's converter: json = Kafka Connect's JsonConverter (with or without schemas); avro = an "
+        "Avro converter writing the Confluent wire format (magic byte, schema id, body) with schema_registry"))
+    schema_registry: SchemaRegistryConfig | None = Field(default=None, validate_default=True,
+                                                         description="where format: avro reads its schemas")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("schema_registry")
+    @classmethod
+    def _registry_for_avro(cls, registry: SchemaRegistryConfig | None,
+                           info: ValidationInfo) -> SchemaRegistryConfig | None:
+        record_format = info.data.get("format")
+        if record_format == "avro" and registry is None:
+            raise ValueError("format: avro needs a schema_registry (its url) to read the records' schemas")
+        if record_format == "json" and registry is not None:
+            raise ValueError("schema_registry is read only with format: avro (this connector's format is json)")
+        return registry
 
     @field_validator("include")
     @classmethod

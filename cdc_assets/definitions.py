@@ -3,9 +3,11 @@ from the pipeline config."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dagster import Definitions, in_process_executor
 
-from cdc_assets.assets import build_connector_assets
+from cdc_assets.assets import build_connector_assets, merge_op_name
 from cdc_assets.catalog import CapturedTable, resolve_tables, table_finder
 from cdc_assets.checks import build_freshness_checks, build_scheduled_table_checks
 from cdc_assets.config import PipelineConfig, load_config
@@ -37,6 +39,24 @@ from sensors import (
     make_transaction_sensor,
 )
 
+# A connector's tables share their ops up to this many: Dagster's handling of each result an op yields walks
+# every output of the op, so a run's cost grew with the square of a connector's table count (28 ms a result
+# at 800 tables in one op; docs/performance.md).
+TABLES_PER_OP = 100
+
+
+def op_groups(tables: Sequence[CapturedTable], size: int = TABLES_PER_OP) -> list[tuple[str, list[CapturedTable]]]:
+    """One connector's ``tables`` in groups of at most ``size``, in config order, each with the suffix of
+    its ops' names: "" for the first (a connector of up to ``size`` tables keeps the names it always had),
+    then "_2", "_3"... The transaction-consistent tables all go to the first group, however many: they
+    merge one after another, sharing the connector's transaction log and watermark."""
+    consistent = [table for table in tables if table.transaction_log is not None]
+    rest = [table for table in tables if table.transaction_log is None]
+    first = max(size - len(consistent), 0)
+    groups = [consistent + rest[:first]]
+    groups += [rest[start:start + size] for start in range(first, len(rest), size)]
+    return [("" if index == 0 else f"_{index + 1}", group) for index, group in enumerate(groups) if group]
+
 
 def build_definitions(config: PipelineConfig, translator: CdcTranslator | None = None) -> Definitions:
     """Assets (one per captured table), checks, jobs, schedules, sensors and resources for a pipeline
@@ -59,18 +79,20 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     apply_schema_change_job = build_apply_schema_change_job(table_for, config.batch)
     sensors = [make_schema_change_sensor(config, table_for, apply_schema_change_job, translator=translator),
                make_events_waiting_sensor(live, kafka_settings, translator=translator)]
-    # One op per connector for its tables' merges (and the checks its merge runs evaluate), one for its
-    # live freshness checks, one for the checks left to their schedule: each table is still an asset with
-    # checks of its own, but a few ops rather than six or more per table keep the load (every run worker
-    # loads it) short with thousands of tables.
+    # Per group of a connector's tables (``op_groups``), one op for their merges (and the checks its merge
+    # runs evaluate), one for their live freshness checks, one for the checks left to their schedule: each
+    # table is still an asset with checks of its own, but a few ops rather than six or more per table keep
+    # the load (every run worker loads it) short with thousands of tables.
     by_connector: dict[str, list[CapturedTable]] = {}
     for table in tables:
         by_connector.setdefault(table.connector, []).append(table)
-    scheduled_ops = [build_freshness_checks(f"{dagster_name(connector)}_freshness", members, translator)
-                     for connector, members in by_connector.items()]
-    scheduled_ops += [op for connector, members in by_connector.items()
-                      if (op := build_scheduled_table_checks(f"{dagster_name(connector)}_table_checks", members,
-                                                             translator)) is not None]
+    groups = [(connector, suffix, group) for connector, members in by_connector.items()
+              for suffix, group in op_groups(members)]
+    scheduled_ops = [build_freshness_checks(f"{dagster_name(connector)}_freshness{suffix}", group, translator)
+                     for connector, suffix, group in groups]
+    scheduled_ops += [op for connector, suffix, group in groups
+                      if (op := build_scheduled_table_checks(f"{dagster_name(connector)}_table_checks{suffix}",
+                                                             group, translator)) is not None]
     # The checks on the freshness schedule: those of the ops above, for the tables still captured.
     live_keys = {translator.get_asset_key(table) for table in live}
     scheduled_checks = [key for op in scheduled_ops for key in op.check_keys if key.asset_key in live_keys]
@@ -92,8 +114,9 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
                                                      incremental_snapshot_job, merge_job,
                                                      kafka_settings, translator=translator))
     return Definitions(
-        assets=[*(build_connector_assets(members, config.batch, transactional.get(connector), translator)
-                  for connector, members in by_connector.items()),
+        assets=[*(build_connector_assets(group, config.batch, transactional.get(connector), translator,
+                                         name=merge_op_name(connector) + suffix)
+                  for connector, suffix, group in groups),
                 *([build_topic_sources(tables, kafka_settings, translator)] if tables else [])],
         asset_checks=scheduled_ops,
         jobs=[merge_job, ui_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job,

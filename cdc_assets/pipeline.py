@@ -45,6 +45,7 @@ from cdc_assets.core.layout import (
 from cdc_assets.core.transactions import ReadOn, cut_batch, read_on, transaction_key
 from cdc_assets.core.truncation import Truncation, after_truncation, latest_truncation, truncation_mark, wiped_by
 from cdc_assets.core.types import placeholder_needles
+from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
 from cdc_assets.io.kafka_source import Cut, KafkaSource, RawBatch
@@ -411,7 +412,8 @@ def _read(source: KafkaSource, table: CapturedTable, limits: BatchLimits, offset
     # Read the next batch while this one is applied; not for tables cut to whole transactions, whose
     # batches also read the transaction topic with the same consumer.
     raw = source.read_batch(table.topic, offsets, limits.max_records, limits.max_bytes, limits.poll_timeout_s,
-                            read_ahead=table.transaction_log is None, until=until, cut=cut)
+                            read_ahead=table.transaction_log is None, until=until, cut=cut,
+                            decode=record_decoder(table.schema_registry))
     _checkpoint("consumed")
     is_tombstone = pc.is_null(raw.records["value"])
     tombstones = pc.sum(is_tombstone).as_py() or 0

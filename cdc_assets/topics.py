@@ -9,6 +9,7 @@ op (the UI's "Observe", an observation run) or from ``topic_observations`` (a se
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from dagster import (
     AssetObservation,
     AssetsDefinition,
     AssetSpec,
+    BetaWarning,
     DagsterInstance,
     DataVersion,
     EventLogEntry,
@@ -74,8 +76,6 @@ def build_topic_sources(tables: Sequence[CapturedTable], kafka_settings: Mapping
                        metadata={"topic": table.topic})
              for key, table in by_key.items()]
 
-    @multi_observable_source_asset(name=name, specs=specs, can_subset=True,
-                                   description="Observes the topics' end offsets (their data versions)")
     def cdc_topics(context) -> Iterator[ObserveResult]:  # Dagster refuses a string annotation of context here
         selected = [table for key, table in by_key.items() if key in context.selected_asset_keys]
         with TopicProbe(kafka_settings) as probe:
@@ -85,7 +85,12 @@ def build_topic_sources(tables: Sequence[CapturedTable], kafka_settings: Mapping
             yield ObserveResult(asset_key=observation.asset_key, metadata=observation.metadata,
                                 data_version=DataVersion(observation.tags[DATA_VERSION_TAG]))
 
-    return cdc_topics
+    # A beta API, chosen knowingly: its warning would otherwise open every run's and every load's log.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BetaWarning)
+        return multi_observable_source_asset(name=name, specs=specs, can_subset=True,
+                                             description="Observes the topics' end offsets (their data versions)"
+                                             )(cdc_topics)
 
 
 def recorded_ends(instance: DagsterInstance, keys: Sequence[AssetKey]) -> dict[AssetKey, dict[int, int] | None]:

@@ -93,7 +93,8 @@ def make_snapshot_backfill_sensor(tables: Sequence[CapturedTable], snapshot_job:
     @sensor(name="snapshot_backfill_sensor", jobs=[snapshot_job, merge_job],
             minimum_interval_seconds=minimum_interval_seconds,
             description="Merge, and an incremental snapshot where the topic lacks history, for captured tables "
-                        "whose Delta target is missing or empty")
+                        "whose Delta target is missing or empty. Cursor: the topics of the tables already requested "
+                        "(each dropped once its table has rows)")
     def snapshot_backfill_sensor(context: SensorEvaluationContext):
         requested = set(json.loads(context.cursor)) if context.cursor else set()
         requests, still_requested = backfill_requests(tables, requested, snapshot_job.name, merge_job.name,

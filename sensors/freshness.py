@@ -24,7 +24,8 @@ def make_events_waiting_sensor(tables: Sequence[CapturedTable], kafka_settings: 
 
     @sensor(name="events_waiting_sensor", minimum_interval_seconds=minimum_interval_seconds,
             description="Observes each table's topic: its end offsets (its data version, which the tables' "
-                        "automation conditions react to) and the change events waiting in it, since when")
+                        "automation conditions react to) and the change events waiting in it, since when. No "
+                        "cursor: the observations are the topics' state, recorded on the topic assets")
     def events_waiting_sensor(context: SensorEvaluationContext) -> SensorResult:
         observations = []
         with TopicProbe(kafka_settings) as probe:

@@ -14,9 +14,10 @@ from collections.abc import Callable
 
 from dagster import JobDefinition, RunRequest, SensorDefinition, SensorEvaluationContext, SensorResult, sensor
 
-from cdc_assets.catalog import CapturedTable, captures
+from cdc_assets.catalog import CapturedTable, captures, schema_registry_settings
 from cdc_assets.config import PipelineConfig
 from cdc_assets.core.schema_change import SchemaChangeError, parse_schema_change
+from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
 from cdc_assets.resources import kafka_client_settings
 from cdc_assets.translator import CdcTranslator
@@ -33,7 +34,9 @@ def make_schema_change_sensor(config: PipelineConfig, table_for: Callable[[str, 
     translator = translator or CdcTranslator()
 
     @sensor(name="schema_change_sensor", job=apply_job, minimum_interval_seconds=minimum_interval_seconds,
-            description="CREATE/ALTER/DROP of captured tables from Debezium schema-change topics")
+            description="CREATE/ALTER/DROP of captured tables from Debezium schema-change topics. Cursor: the next "
+                        "offset to read of each schema-change topic's partitions; each event's run has a run key of "
+                        "its topic, partition and offset, so a restarted daemon launches none twice")
     def schema_change_sensor(context: SensorEvaluationContext) -> SensorResult:
         cursor: dict[str, dict[str, int]] = json.loads(context.cursor) if context.cursor else {}
         requests: list[RunRequest] = []
@@ -44,7 +47,8 @@ def make_schema_change_sensor(config: PipelineConfig, table_for: Callable[[str, 
                 topic = connector.topic_prefix
                 offsets = {int(p): o for p, o in cursor.get(topic, {}).items()}
                 try:
-                    batch = source.read_batch(topic, offsets, MAX_EVENTS_PER_TICK, 64 * 1024 * 1024, 10)
+                    batch = source.read_batch(topic, offsets, MAX_EVENTS_PER_TICK, 64 * 1024 * 1024, 10,
+                                              decode=record_decoder(schema_registry_settings(connector)))
                 except SourceError as exc:
                     if "does not exist" in str(exc):
                         continue  # no DDL captured yet

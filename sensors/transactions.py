@@ -16,10 +16,11 @@ from typing import Any
 
 from dagster import RunRequest, SensorDefinition, SensorEvaluationContext, SensorResult, sensor
 
-from cdc_assets.catalog import CapturedTable
+from cdc_assets.catalog import CapturedTable, schema_registry_settings
 from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import ConnectorConfig
 from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event, transaction_key
+from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
 from cdc_assets.io.transactions import TransactionLogError, touched_tables
 from cdc_assets.translator import CdcTranslator, dagster_name
@@ -40,14 +41,17 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
 
     @sensor(name=f"{dagster_name(connector.name)}_transaction_sensor", job=merge_job,
             minimum_interval_seconds=minimum_interval_seconds,
-            description=f"Merge runs for the tables touched by completed transactions of {connector.name}")
+            description=f"Merge runs for the tables touched by completed transactions of {connector.name}. Cursor: the "
+                        "next offset to read of each transaction-topic partition and the transactions begun but "
+                        "not yet ended there")
     def transaction_sensor(context: SensorEvaluationContext) -> SensorResult:
         cursor = json.loads(context.cursor) if context.cursor else {"offsets": {}, "open": []}
         offsets = {int(p): o for p, o in cursor["offsets"].items()}
         open_ids = set(cursor["open"])
         source = KafkaSource(dict(kafka_settings), retries=0)
         try:
-            batch = source.read_batch(topic, offsets, MAX_EVENTS_PER_TICK, 64 * 1024 * 1024, 10)
+            batch = source.read_batch(topic, offsets, MAX_EVENTS_PER_TICK, 64 * 1024 * 1024, 10,
+                                      decode=record_decoder(schema_registry_settings(connector)))
         except SourceError as exc:
             if "does not exist" in str(exc):
                 return SensorResult(run_requests=[], cursor=context.cursor)

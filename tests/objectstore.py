@@ -45,6 +45,13 @@ class ObjectStore(LocalServer):
         self.secret_key = ""
 
     @property
+    def pid(self) -> int:
+        """The server's process id (the benchmarks count its CPU)."""
+        if self._process is None:
+            raise ObjectStoreError("moto's server is not running")
+        return self._process.pid
+
+    @property
     def endpoint(self) -> str:
         """The server's URL."""
         return f"http://127.0.0.1:{self.port}"

@@ -3,6 +3,7 @@ the real `dg` CLI, and the component builds what CDC_ASSETS_CONFIG's file builds
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,12 +36,17 @@ def dg(project: Path, *args: str, delta_root: Path) -> subprocess.CompletedProce
     return subprocess.run([str(DG), *args], cwd=project, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A copy of the example project (a test may break its defs.yaml)."""
+def copy_of_example(tmp_path: Path) -> Path:
+    """A copy of the example project in ``tmp_path`` (a test may break its defs.yaml)."""
     copy = tmp_path / "dg_project"
     shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
     return copy
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the example project."""
+    return copy_of_example(tmp_path)
 
 
 def test_dg_lists_the_component_and_validates_the_example_project(project, tmp_path):
@@ -133,8 +140,10 @@ def test_the_readme_command_runs_as_written(project, tmp_path):
     assert "sales/public/customers" in run.stdout
 
 
-def test_dg_dev_serves_the_components_assets(project, tmp_path):
-    """`dg dev` on the example: the UI's GraphQL lists the component's assets, in the translated group."""
+@contextlib.contextmanager
+def dg_dev(project: Path, tmp_path: Path) -> Iterator[tuple[str, list[dict]]]:
+    """`dg dev` on ``project`` as its user starts it, until the block ends: yields the UI's URL and its
+    asset nodes, once its GraphQL serves them."""
     from cdc_assets.demo.broker import free_port
 
     port = free_port()
@@ -157,16 +166,25 @@ def test_dg_dev_serves_the_components_assets(project, tmp_path):
                     nodes = json.load(response)["data"]["assetNodes"] or None
             except (OSError, KeyError, TypeError):
                 time.sleep(1)
+        assert nodes is not None, f"dg dev did not serve the assets (exit code {dev.poll()})"
+        yield f"http://127.0.0.1:{port}", nodes
     finally:
         os.killpg(dev.pid, signal.SIGTERM)
         try:
             dev.wait(30)
         except subprocess.TimeoutExpired:
             os.killpg(dev.pid, signal.SIGKILL)
-    assert nodes is not None, f"dg dev did not serve the assets (exit code {dev.returncode})"
-    tables = {"sales/public/customers", "sales/public/orders"}
-    assert {("/".join(node["assetKey"]["path"]), node["groupName"]) for node in nodes} == {
-        (key, "bronze_sales") for key in tables | {f"kafka/{table}" for table in tables}}
+
+
+# The example's two tables and their topics, all in the group its translation names.
+EXAMPLE_TABLES = {"sales/public/customers", "sales/public/orders"}
+
+
+def test_dg_dev_serves_the_components_assets(project, tmp_path):
+    """`dg dev` on the example: the UI's GraphQL lists the component's assets, in the translated group."""
+    with dg_dev(project, tmp_path) as (_, nodes):
+        assert {("/".join(node["assetKey"]["path"]), node["groupName"]) for node in nodes} == {
+            (key, "bronze_sales") for key in EXAMPLE_TABLES | {f"kafka/{table}" for table in EXAMPLE_TABLES}}
 
 
 def test_the_component_takes_every_field_of_the_pipeline_config():

@@ -39,6 +39,9 @@ ERROR_COLUMN = "_cdc_error"
 SNAPSHOT_COLUMN = "_cdc_snapshot"
 PATCH_COLUMN = "_cdc_patch"  # MongoDB only
 TRANSACTION_COLUMN = "_cdc_transaction_id"
+# The member of a value a record format's decoder (``io.avro``) put in place of a record it could not read,
+# naming why: an object with no ``op``, so a bad event, whose reason is this text.
+UNDECODABLE_MEMBER = "__cdc_assets_undecodable"
 KNOWN_OPS = ("c", "u", "d", "r", "t")
 TRUNCATE_OP = "t"  # one per table, no key and no row: the table policy (on_truncate) decides
 
@@ -80,6 +83,8 @@ def json_payload(value: bytes | None) -> object:
         body = json.loads(value)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValueError(f"value is not valid JSON ({exc})") from exc
+    if isinstance(body, dict) and UNDECODABLE_MEMBER in body:
+        raise ValueError(str(body[UNDECODABLE_MEMBER]))
     return unwrap(body)[1]
 
 
@@ -93,6 +98,8 @@ def explain_bad_value(value: bytes | None, reason: str) -> str:
         return f"value is not valid JSON ({exc})"
     if not isinstance(decoded, dict):
         return f"value is JSON {type(decoded).__name__}, not a Debezium envelope object"
+    if UNDECODABLE_MEMBER in decoded:
+        return str(decoded[UNDECODABLE_MEMBER])
     return reason
 
 

@@ -114,6 +114,8 @@ class RawBatch:
 
 # Given a batch read, the end offsets its reader keeps it to (None: all of it): ``KafkaSource.read_batch``.
 Cut = Callable[[RawBatch], Mapping[int, int] | None]
+# Given a topic and records as read (``RAW_SCHEMA``), the records in the JSON converter's form (``io.avro``).
+Decode = Callable[[str, pa.Table], pa.Table]
 
 
 def _split(batch: RawBatch, ends: Mapping[int, int]) -> tuple[RawBatch, RawBatch]:
@@ -316,6 +318,7 @@ class KafkaSource:
         read_ahead: bool = False,
         until: Mapping[int, int] | None = None,
         cut: Cut | None = None,
+        decode: Decode | None = None,
     ) -> RawBatch:
         """Read ``topic`` from ``start_offsets`` (absent partitions: earliest) to the high watermarks.
 
@@ -336,25 +339,28 @@ class KafkaSource:
         offsets, same bounds) is read in the background while the caller applies this one, and the
         next call that asks for exactly it takes it. Any other use of the source waits for it first
         (the consumer has one user at a time) and reads anew.
+
+        ``decode``: the connector's record format (``io.avro``), applied to the records as they are read,
+        before ``cut`` sees them (None: the JSON converter's records, as they are).
         """
         bounds = dict(until) if until else None
-        request = (topic, dict(start_offsets) if start_offsets else None, max_records, max_bytes, bounds)
+        request = (topic, dict(start_offsets) if start_offsets else None, max_records, max_bytes, bounds, decode)
         batch = self._take_ahead(request)
         if batch is None:
-            batch = self._read(topic, start_offsets, max_records, max_bytes, poll_timeout_s, bounds)
+            batch = self._read(topic, start_offsets, max_records, max_bytes, poll_timeout_s, bounds, decode=decode)
         past_cut: RawBatch | None = None
         if cut is not None:
-            batch, past_cut = self._cut(batch, cut, max_records, max_bytes, poll_timeout_s, bounds)
+            batch, past_cut = self._cut(batch, cut, max_records, max_bytes, poll_timeout_s, bounds, decode)
         if read_ahead and not batch.caught_up:
-            following = (topic, dict(batch.end_offsets), max_records, max_bytes, bounds)
+            following = (topic, dict(batch.end_offsets), max_records, max_bytes, bounds, decode)
             if self._reader is None:
                 self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-read-ahead")
             self._ahead = (following, self._reader.submit(self._read, topic, batch.end_offsets, max_records,
-                                                          max_bytes, poll_timeout_s, bounds, past_cut))
+                                                          max_bytes, poll_timeout_s, bounds, past_cut, decode))
         return batch
 
     def _cut(self, batch: RawBatch, cut: Cut, max_records: int, max_bytes: int, poll_timeout_s: float,
-             until: Mapping[int, int] | None) -> tuple[RawBatch, RawBatch | None]:
+             until: Mapping[int, int] | None, decode: Decode | None = None) -> tuple[RawBatch, RawBatch | None]:
         """``batch`` ended where ``cut`` says (``read_batch``), and the records past the cut (None: none)."""
         while True:
             asked = cut(batch)
@@ -365,7 +371,7 @@ class KafkaSource:
                 return _split(batch, ends)
             max_records, max_bytes = 2 * max_records, 2 * max_bytes
             further = self._read(batch.topic, batch.start_offsets, max_records, max_bytes, poll_timeout_s, until,
-                                 batch)
+                                 batch, decode)
             if further.end_offsets == batch.end_offsets:
                 return batch, None  # nothing more to read: whole
             batch = replace(further, timings={k: batch.timings.get(k, 0.0) + further.timings.get(k, 0.0)
@@ -394,10 +400,11 @@ class KafkaSource:
             return asked, None
 
     def _read(self, topic: str, start_offsets: Mapping[int, int] | None, max_records: int, max_bytes: int,
-              poll_timeout_s: float, until: Mapping[int, int] | None = None, carried: RawBatch | None = None
-              ) -> RawBatch:
+              poll_timeout_s: float, until: Mapping[int, int] | None = None, carried: RawBatch | None = None,
+              decode: Decode | None = None) -> RawBatch:
         """The batch from ``start_offsets``; ``carried``: its first records, already read from those offsets
-        (the consumer positioned at their end offsets), which count in its bounds and are not fetched again."""
+        (the consumer positioned at their end offsets), which count in its bounds and are not fetched again
+        (nor decoded again: ``decode`` applies to the records fetched here)."""
         started = time.perf_counter()
         consumer = self._client_for(topic)
         # Asked by the fetching consumer itself: it learns the partitions' leaders from the answer. Left to
@@ -425,6 +432,7 @@ class KafkaSource:
         end = {**start, **(carried.end_offsets if carried is not None else {})}
         pending = [p for p in partitions if end[p] < stop[p]]
         chunks: list[pa.RecordBatch] = carried.records.to_batches() if carried is not None else []
+        carried_chunks = len(chunks)
         size = carried.bytes_read if carried is not None else 0
         if pending:
             self._position_at(consumer, topic, end, pending)
@@ -435,6 +443,12 @@ class KafkaSource:
                 self._unassign_all(consumer)
                 raise
         consumed = time.perf_counter()
+        timings = {"consume_s": consumed - started}
+        if decode is not None and len(chunks) > carried_chunks:
+            fetched = decode(topic, pa.Table.from_batches(chunks[carried_chunks:], schema=RAW_SCHEMA))
+            chunks = chunks[:carried_chunks] + fetched.to_batches()
+            timings["decode_s"] = time.perf_counter() - consumed
+            consumed = time.perf_counter()
         records = pa.Table.from_batches(chunks, schema=RAW_SCHEMA)
         batch = RawBatch(
             topic=topic,
@@ -444,7 +458,7 @@ class KafkaSource:
             high_watermarks=high,
             records_read=records.num_rows,
             bytes_read=size,
-            timings={"consume_s": consumed - started, "to_arrow_s": time.perf_counter() - consumed},
+            timings={**timings, "to_arrow_s": time.perf_counter() - consumed},
         )
         if pending and batch.caught_up:
             # Nothing more to fetch for this batch, and a consumer left polling the partitions' ends would

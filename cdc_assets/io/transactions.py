@@ -31,6 +31,7 @@ from cdc_assets.core.transactions import (
     parse_transaction_event,
     transaction_key,
 )
+from cdc_assets.io.avro import SchemaRegistrySettings, record_decoder
 from cdc_assets.io.delta import (
     METADATA_KEY,
     CommitRequest,
@@ -70,6 +71,7 @@ class TransactionLog:
     topic: str
     target: DeltaTarget
     kind: str
+    schema_registry: SchemaRegistrySettings | None = None  # the connector's format is avro: its schemas
 
     @property
     def app_id(self) -> str:
@@ -143,7 +145,8 @@ def _ingest_once(source: KafkaSource, log: TransactionLog, max_records: int) -> 
     """One ingest from the log's committed offsets; a concurrent commit makes it fail, adding nothing."""
     writer = DeltaRsWriter()
     progress = writer.read_progress(log.target, log.app_id)
-    raw = source.read_batch(log.topic, progress.offsets if progress else None, max_records, 256 * 1024 * 1024, 10)
+    raw = source.read_batch(log.topic, progress.offsets if progress else None, max_records, 256 * 1024 * 1024, 10,
+                            decode=record_decoder(log.schema_registry))
     if raw.end_offsets == raw.start_offsets:
         return 0
     records = sorted(raw.records.to_pylist(), key=lambda r: (r["partition"], r["offset"]))

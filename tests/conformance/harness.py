@@ -24,6 +24,7 @@ from deltalake import DeltaTable
 
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
+from cdc_assets.io.storage import delta_rs_options
 from tests.processes import terminate
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -188,14 +189,15 @@ def failures(result: ExecuteInProcessResult) -> list[str]:
     return found
 
 
-def delta_rows(path: str | Path) -> list[dict[str, Any]]:
-    """All rows of a Delta table."""
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+def delta_rows(path: str | Path, storage_options: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """All rows of a Delta table (``storage_options``: the config's, for a table on object storage)."""
+    return DeltaTable(str(path), storage_options=delta_rs_options(storage_options or {})).to_pyarrow_table().to_pylist()
 
 
-def current_rows(path: str | Path, apply_mode: str) -> list[dict[str, Any]]:
+def current_rows(path: str | Path, apply_mode: str, storage_options: Mapping[str, str] | None = None
+                 ) -> list[dict[str, Any]]:
     """The rows of a Delta table that stand for live source rows in its apply mode, hidden columns dropped."""
-    rows = delta_rows(path)
+    rows = delta_rows(path, storage_options)
     if apply_mode == "scd2":
         rows = [row for row in rows if row["_cdc_current"]]
     elif apply_mode == "soft_delete":
@@ -330,10 +332,12 @@ def topic_events(bootstrap_servers: str, topic: str, keys: Iterable[tuple[Any, .
 
 def assert_same_rows(dsn: str, bootstrap_servers: str, topic: str, path: str | Path, query: str,
                      expected: Mapping[str, Normaliser], actual: Mapping[str, Normaliser],
-                     key: tuple[str, ...] = ("id",), apply_mode: str = "scd1", label: str = "") -> None:
+                     key: tuple[str, ...] = ("id",), apply_mode: str = "scd1", label: str = "",
+                     storage_options: Mapping[str, str] | None = None) -> None:
     """The Delta table at ``path`` holds the source's rows (``query``) in its apply mode; otherwise fail with the
     differences and the topic's events of the first differing keys."""
-    problems = compare(source_rows(dsn, query), current_rows(path, apply_mode), key, expected, actual)
+    problems = compare(source_rows(dsn, query), current_rows(path, apply_mode, storage_options), key, expected,
+                       actual)
     if problems:
         differing = [ast.literal_eval(m.group(1)) for m in map(re.compile(r"key (\(.*?,\)):").match, problems)
                      if m][:10]
@@ -343,10 +347,11 @@ def assert_same_rows(dsn: str, bootstrap_servers: str, topic: str, path: str | P
                              f"the topic's events of the first differing keys:\n{history}")
 
 
-def one_current_version_per_key(path: str | Path) -> dict[Any, int]:
+def one_current_version_per_key(path: str | Path, storage_options: Mapping[str, str] | None = None
+                                 ) -> dict[Any, int]:
     """The keys (``id``) of an scd2 table with more than one current version, and how many they have."""
     current: dict[Any, int] = {}
-    for row in delta_rows(path):
+    for row in delta_rows(path, storage_options):
         current[row["id"]] = current.get(row["id"], 0) + bool(row["_cdc_current"])
     return {k: n for k, n in current.items() if n > 1}
 

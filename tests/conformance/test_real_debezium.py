@@ -10,6 +10,7 @@ each test merges one connector's topics with ``cdc_merge_job`` and compares.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import random
 import time
@@ -25,9 +26,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 
 from cdc_assets.io.delta import DeltaTarget
+from cdc_assets.io.storage import delta_rs_options
 from cdc_assets.io.transactions import consistent_versions
 from tests.conformance import harness as h
 from tests.conformance import workloads as w
+from tests.objectstore import ObjectStore
 
 pytestmark = pytest.mark.conformance
 
@@ -70,11 +73,14 @@ class World:
     snapshot_notifications: list[dict[str, Any]] = field(default_factory=list)
     merged: dict[tuple[str, str], list[str]] = field(default_factory=dict)
 
-    def config(self, connector: str, tables: str, extra: str = "", writer: str = "delta-rs") -> str:
-        """A pipeline config with one connector; ``tables`` is its YAML list of tables."""
+    def config(self, connector: str, tables: str, extra: str = "", writer: str = "delta-rs", root: str = "",
+               storage_options: dict[str, str] | None = None) -> str:
+        """A pipeline config with one connector; ``tables`` is its YAML list of tables; ``root``: the Delta root
+        (default: the writer's directory under the module's), reached with ``storage_options``."""
+        options = json.dumps(storage_options or {})
         return f"""\
 kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
-delta: {{root: "{self.root / writer}", writer: {writer}}}
+delta: {{root: "{root or self.root / writer}", writer: {writer}, storage_options: {options}}}
 batch: {{max_records: 1000, poll_timeout_s: 5, max_batches_per_run: 200}}
 connectors:
   - name: {connector}
@@ -161,14 +167,7 @@ def world(broker: Any, postgres: Any, tmp_path_factory: pytest.TempPathFactory) 
     prefixes = {name: f"cf{run_id}{name}" for name in CONNECTORS}
     rng = random.Random(SEED)
     with psycopg.connect(dsn, autocommit=True) as connection:
-        connection.execute(w.SCHEMA)
-        for row in w.EDGE_ROWS:
-            w.insert(connection, "alltypes", row, w.ALLTYPES)
-        alltypes_ids = [row["id"] for row in w.EDGE_ROWS]
-        next_alltypes = w.alltypes_random_changes(connection, rng, alltypes_ids, 100, 25)
-        toast_ids = list(range(1, 9))
-        for row_id in toast_ids:
-            w.insert(connection, "toast", w.big_toast_row(rng, row_id), w.TOAST_TYPES)
+        alltypes_ids, next_alltypes, toast_ids = w.seed_alltypes_and_toast(connection, rng)
         next_toast = 100
         connection.execute("INSERT INTO full_ident SELECT g, 'v' || g, g * 1.25, repeat('x', 3000) "
                            "FROM generate_series(1, 20) g")
@@ -326,10 +325,10 @@ def _actual_alltypes(decimal_mode: str, binary_mode: str) -> dict[str, h.Normali
 
 def _assert_equal(world: World, connector: str, table: str, query: str, expected: dict[str, h.Normaliser],
                   actual: dict[str, h.Normaliser], key: tuple[str, ...] = ("id",), apply_mode: str = "scd1",
-                  path: Path | None = None) -> None:
+                  path: str | Path | None = None, storage_options: dict[str, str] | None = None) -> None:
     h.assert_same_rows(world.dsn, world.bootstrap_servers, f"{world.prefixes[connector]}.public.{table}",
                        path or world.path(connector, table), query, expected, actual, key, apply_mode,
-                       f"{connector}/{table}")
+                       f"{connector}/{table}", storage_options)
 
 
 @pytest.mark.parametrize(("connector", "decimal_mode", "time_mode", "binary_mode"), [
@@ -456,6 +455,39 @@ def test_random_workload_with_key_changes_and_a_restart_in_every_apply_mode(worl
     if apply_mode == "scd2":
         assert h.one_current_version_per_key(path) == {}
         assert world.runner.starts == 2
+
+
+RND_TABLES = """\
+      - {name: public.rnd}
+      - {name: public.rnd_soft, topic: TOPIC_rnd, path: p/rnd_soft, apply_mode: soft_delete}
+      - {name: public.rnd_scd2, topic: TOPIC_rnd, path: p/rnd_scd2, apply_mode: scd2}
+"""
+
+
+@pytest.fixture(scope="module")
+def lake(object_store: ObjectStore) -> str:
+    """The module's bucket on the tests' S3-API server: the S3 legs of both writers keep their tables there."""
+    return object_store.create_bucket(f"conformance-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.mark.parametrize("writer", ["delta-rs", "delta-spark"])
+def test_random_workload_on_s3_with_each_writer_in_every_apply_mode(world, object_store, lake, writer):
+    """The random workload's tables, merged by ``writer`` under an ``s3://`` root on a private S3-API server
+    (moto's) in one run after Debezium's restart, equal the source in every apply mode, as on local disk."""
+    root, options = f"s3://{lake}/{writer}", object_store.storage_options()
+    tables = RND_TABLES.replace("TOPIC_", f"{world.prefixes['p']}.public.")
+    result = h.run_job(world.config("p", tables, writer=writer, root=root, storage_options=options))
+    assert result.success, h.failures(result)
+    paths = {"scd1": f"{root}/{world.prefixes['p']}/public/rnd", "soft_delete": f"{root}/p/rnd_soft",
+             "scd2": f"{root}/p/rnd_scd2"}
+    for apply_mode, path in paths.items():
+        _assert_equal(world, "p", "rnd", "SELECT * FROM rnd", h.RND_EXPECTED, h.RND_ACTUAL, apply_mode=apply_mode,
+                      path=path, storage_options=options)
+        # The writer asked for made the commits: Spark names itself in engineInfo, delta-rs in clientVersion.
+        newest = DeltaTable(path, storage_options=delta_rs_options(options)).history(1)[0]
+        assert ("Spark" in newest.get("engineInfo", "")) == (writer == "delta-spark"), newest
+    assert h.one_current_version_per_key(paths["scd2"], options) == {}
+    assert object_store.keys(lake, f"{writer}/p/rnd_scd2/_delta_log/")  # on the store, not on local disk
 
 
 def test_multi_table_transactions_are_applied_whole(world):

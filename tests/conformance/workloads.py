@@ -178,6 +178,20 @@ def big_toast_row(rng: random.Random, row_id: int) -> dict[str, Any]:
 TOAST_TYPES = {"jb": "jsonb", "arr": "text[]", "iarr": "int[]"}
 
 
+
+def seed_alltypes_and_toast(connection: psycopg.Connection, rng: random.Random) -> tuple[list[int], int, list[int]]:
+    """The workload's schema, its edge rows and first random changes of ``alltypes``, and 8 TOASTed rows:
+    returns ``alltypes``' ids, its next free id and the ``toast`` ids."""
+    connection.execute(SCHEMA)
+    for row in EDGE_ROWS:
+        insert(connection, "alltypes", row, ALLTYPES)
+    alltypes_ids = [row["id"] for row in EDGE_ROWS]
+    next_alltypes = alltypes_random_changes(connection, rng, alltypes_ids, 100, 25)
+    toast_ids = list(range(1, 9))
+    for row_id in toast_ids:
+        insert(connection, "toast", big_toast_row(rng, row_id), TOAST_TYPES)
+    return alltypes_ids, next_alltypes, toast_ids
+
 def toast_changes(connection: psycopg.Connection, rng: random.Random, ids: list[int], next_id: int,
                   steps: int) -> int:
     """Mostly updates that leave the large columns untouched (Debezium sends placeholders for them), some that

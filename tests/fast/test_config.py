@@ -123,3 +123,17 @@ def test_placeholder_and_truncate_policy_reach_each_table():
                                                                              ("__toast__", "ignore")]
     with pytest.raises(ConfigError, match=r"on_truncate: Input should be 'halt', 'ignore' or 'apply'"):
         parse_config(custom.replace("on_truncate: ignore", "on_truncate: drop"))
+
+
+def test_the_readmes_config_example_loads_as_written():
+    """The README's annotated pipeline config is a config the project loads, every field as shown."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## The pipeline config"):readme.index("## As a dg component")]
+    [example] = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    config = parse_config(example)
+    [connector] = config.connectors
+    assert connector.name == "inventory" and connector.format == "json"
+    assert [table.name for table in connector.tables] == ["inventory.customers", "inventory.audit_log"]

@@ -2,12 +2,14 @@
 its own, but the ops are a few per connector however many tables it captures (one op per table and
 check made the load take minutes with thousands of tables); which checks a merge run evaluates."""
 
+import collections
+
 from dagster import AssetKey
 
 from cdc_assets.catalog import resolve_tables
 from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import parse_config
-from cdc_assets.definitions import build_definitions
+from cdc_assets.definitions import TABLES_PER_OP, build_definitions, op_groups
 
 POST_MERGE = {"unique_keys", "no_null_keys", "capture_lag", "no_dead_letters", "schema_matches_source"}
 
@@ -86,3 +88,23 @@ def test_checks_after_merge_all_keeps_every_table_check_in_the_merge_run(tmp_pat
     assert sorted(node.name for node in scheduled.graph.nodes) == ["inventory_freshness", "sales_freshness"]
     [resolved] = [t for t in resolve_tables(parse_config(text)) if t.name == "inventory.t1"]
     assert {key.name for key in merge_run_checks({table: resolved})} == POST_MERGE
+
+
+def test_a_connector_of_many_tables_spreads_over_ops_of_a_bounded_size(tmp_path):
+    """An op's results cost Dagster a walk over all its outputs: a connector's tables go to ops of at most
+    ``TABLES_PER_OP``, and the transaction-consistent ones stay together in the first."""
+    defs = build_definitions(parse_config(config(tmp_path, 2 * TABLES_PER_OP + 5)))
+    op_of = {key.path[-1]: defs.get_assets_def(key).node_def.name
+             for key in defs.resolve_asset_graph().get_all_asset_keys() if key.path[0] == "dbserver1"}
+    sizes = collections.Counter(op_of.values())
+    assert sizes == {"inventory_merge": TABLES_PER_OP, "inventory_merge_2": TABLES_PER_OP, "inventory_merge_3": 5}
+    assert op_of["t0"] == "inventory_merge" and op_of[f"t{2 * TABLES_PER_OP + 4}"] == "inventory_merge_3"
+    assert sorted(node.name for node in defs.resolve_job_def("cdc_freshness_job").graph.nodes) == [
+        f"inventory_{kind}{suffix}" for kind in ("freshness", "table_checks") for suffix in ("", "_2", "_3")
+    ] + ["sales_freshness", "sales_table_checks"]
+
+    tables = resolve_tables(parse_config(config(tmp_path, 5)))
+    consistent = [t for t in tables if t.transaction_log is not None]  # sales's dbo.orders: the rule alone
+    groups = op_groups([*tables[:4], *consistent], size=3)
+    assert [(suffix, [t.name for t in group]) for suffix, group in groups] == [
+        ("", ["dbo.orders", "inventory.t0", "inventory.t1"]), ("_2", ["inventory.t2", "inventory.t3"])]

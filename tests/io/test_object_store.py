@@ -413,3 +413,23 @@ def test_two_run_processes_racing_on_s3_commit_a_batch_once(s3_spark, broker, ob
     assert versions == [50, 100]
     rows = delta.to_pyarrow_table(columns=["id", "v"]).to_pylist()
     assert sorted((row["id"], row["v"]) for row in rows) == [(i, 50 + i) for i in range(50)]
+
+
+CRASH_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "crash_trials.py"
+
+
+def test_crash_trials_on_s3_with_delta_spark_lose_and_duplicate_nothing(tmp_path):
+    # benchmarks/crash_trials.py's S3 leg on delta-spark (tests/test_resilience.py runs delta-rs's): SIGKILL at
+    # named points and at random moments timed from the worker's progress, a rerun, the table checked against the
+    # reference fold. The MERGE runs in the local Spark server, which outlives the killed worker.
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, str(CRASH_SCRIPT), "--store", "s3", "--writer", "delta-spark",
+                          "--trials", "2", "--events", "1500", "--batch", "500", "--work-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "tables under s3://" in run.stdout and "writer delta-spark" in run.stdout
+    assert "2 of 2 trials passed" in run.stdout
+    inside = re.search(r"^(\d+) of (\d+) random kills landed inside the work$", run.stdout, re.MULTILINE)
+    assert inside and int(inside[1]) >= 1, run.stdout

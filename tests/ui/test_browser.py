@@ -154,3 +154,54 @@ def test_the_tour_in_the_ui(tour):
         finally:
             page.screenshot(path=str(ARTIFACTS / "last_page.png"))
             browser.close()
+
+
+def test_the_components_assets_and_automation_in_the_ui(tmp_path):
+    """`dg dev` on the component's example project (examples/dg_project): the asset graph shows each topic
+    upstream of its Delta table, in the group the translation names; the automation page lists Dagster's
+    automation sensor beside the project's sensors and schedules. Screenshots land in docs/images/."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_component import EXAMPLE_TABLES, copy_of_example, dg_dev
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Chromium is not installed (scripts/setup-tests installs Debian's chromium)")
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with dg_dev(copy_of_example(tmp_path), tmp_path) as (base, nodes), sync_playwright() as playwright:
+        assert {"/".join(node["assetKey"]["path"]) for node in nodes} >= EXAMPLE_TABLES
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        try:
+            skip = page.get_by_role("button", name="Skip")  # Dagster's "Join the community" dialog
+
+            def settled(url: str, text: str) -> str:
+                """The page at ``url`` once ``text`` shows and the community dialog (which a screenshot
+                does not dismiss) is gone: its text."""
+                page.goto(url)
+                page.get_by_text(text, exact=True).first.wait_for(timeout=60_000)
+                page.wait_for_timeout(2000)  # the graph's layout settles; the dialog may open
+                if skip.is_visible():
+                    skip.click()
+                    skip.wait_for(state="hidden")
+                return page.locator("body").inner_text()
+
+            # The graph of the translated group: each table with its topic upstream (two "orders" nodes).
+            settled(base + "/asset-groups/bronze_sales", "orders")
+            page.screenshot(path=str(IMAGES / "component_assets.png"))
+            overview = settled(base + "/assets/sales/public/orders", "orders")
+            # Its overview names the topic upstream, and the condition the example's post_processing set.
+            assert "Upstream assets\nkafka / sales / public / orders" in overview, overview[-3000:]
+            assert "on_cron(*/5 * * * *, UTC)" in overview, overview[-3000:]
+            settled(base + "/assets/sales/public/orders?view=lineage", "orders")
+            page.screenshot(path=str(IMAGES / "component_lineage.png"))
+
+            # Automation: Dagster's own automation sensor (what evaluates the tables' eager conditions) and
+            # the project's sensors and schedules, each with its status.
+            automation = settled(base + "/automation", "events_waiting_sensor")
+            page.screenshot(path=str(IMAGES / "automation.png"), full_page=True)
+            for name in ("default_automation_condition_sensor", "schema_change_sensor", "cdc_freshness_schedule"):
+                assert name in automation, automation[:3000]
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "last_page.png"))
+            browser.close()

@@ -1,0 +1,303 @@
+"""Conformance in Avro: the suite's PostgreSQL type and TOAST workload captured by Debezium's PostgreSQL connector on
+a real Kafka Connect 4.3 worker with Apicurio's Avro converter (the Confluent wire format: magic byte, schema id,
+Avro body) and a real Apicurio Registry, merged by ``cdc_merge_job`` with ``format: avro``. Every Delta table must
+equal its source table (the oracle), and the same workload captured at the same time by a second connector with the
+JSON converter must give the same Delta tables, hidden columns included.
+
+One registry, one worker and one pair of connector registrations feed every test of this module.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import random
+import re
+import struct
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import psycopg
+import pyarrow as pa
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+from cdc_assets.core.envelope import UNDECODABLE_MEMBER, explain_bad_value
+from cdc_assets.io.avro import SchemaRegistrySettings, record_decoder
+from tests.apicurio import Apicurio, AvroConnectWorker
+from tests.conformance import harness as h
+from tests.conformance import workloads as w
+from tests.conformance.test_real_debezium import (
+    ALLTYPES_QUERY,
+    TOAST_ACTUAL,
+    TOAST_QUERY,
+    _actual_alltypes,
+    _expected_alltypes,
+)
+from tests.processes import free_port
+
+pytestmark = pytest.mark.conformance
+
+SEED = 48_2026
+TABLES = ("alltypes", "toast")
+
+
+@dataclass
+class AvroRun:
+    """The captured database, and the two connectors' topic prefixes (``avro``, ``json``)."""
+
+    dsn: str
+    bootstrap_servers: str
+    registry_url: str
+    root: Path
+    prefixes: dict[str, str]
+
+    def config(self, leg: str, registry_url: str | None = None, on_bad_event: str = "halt",
+               root: Path | None = None) -> str:
+        """The pipeline config of one leg: its connector's tables, in Avro or JSON (``registry_url``: another
+        registry's than the run's, ``root``: another Delta root)."""
+        record_format = (f'    format: avro\n    schema_registry: {{url: "{registry_url or self.registry_url}"}}\n'
+                         if leg == "avro" else "")
+        return f"""\
+kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
+delta: {{root: "{root or self.root}", writer: delta-rs}}
+batch: {{max_records: 300, poll_timeout_s: 5, max_batches_per_run: 200}}
+connectors:
+  - name: {leg}
+    kind: postgresql
+    topic.prefix: {self.prefixes[leg]}
+{record_format}    tables:
+      - {{name: public.alltypes, columns: {{c_numeric_extreme: string}}, on_bad_event: {on_bad_event}}}
+      - {{name: public.toast, consistency: transaction}}
+"""
+
+    def path(self, leg: str, table: str) -> Path:
+        return self.root / self.prefixes[leg] / "public" / table
+
+
+def converter_settings(registry_url: str) -> dict[str, str]:
+    """The Avro converter settings of docs/connectors/avro.md, for the registry at ``registry_url``: what the
+    suite registers is what the documentation shows."""
+    text = (h.REPOSITORY / "docs" / "connectors" / "avro.md").read_text()
+    match = re.search(r"^```json\n(.*?)^```$", text, re.M | re.S)
+    assert match is not None, "docs/connectors/avro.md has no json block"
+    settings: dict[str, str] = json.loads(match.group(1))
+    return {key: registry_url if key.endswith(".apicurio.registry.url") else value for key, value in settings.items()}
+
+
+@pytest.fixture(scope="module")
+def registry() -> Iterator[Apicurio]:
+    with Apicurio() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def avro_run(broker: Any, postgres: Any, registry: Apicurio, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[AvroRun]:
+    """The workload captured once by both connectors (before capture: the snapshot; then streamed)."""
+    run_id = uuid.uuid4().hex[:6]
+    dsn = postgres.create_database(f"avro_{run_id}")
+    run = AvroRun(dsn, broker.bootstrap_servers, registry.confluent_url, tmp_path_factory.mktemp("avro-delta"),
+                  {"avro": f"av{run_id}", "json": f"js{run_id}"})
+    rng = random.Random(SEED)
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        alltypes_ids, next_alltypes, toast_ids = w.seed_alltypes_and_toast(connection, rng)
+        with AvroConnectWorker(broker.bootstrap_servers, tmp_path_factory.mktemp("avro-connect")) as worker:
+            names = {leg: f"{leg}-{run_id}" for leg in run.prefixes}
+            tables = [f"public.{t}" for t in (*TABLES, "cdc_marker")]
+            for leg, prefix in run.prefixes.items():
+                converter = converter_settings(registry.url) if leg == "avro" else {}
+                # The transaction topic in one partition: a PostgreSQL transaction's BEGIN and END have other keys.
+                transactions = {"provide.transaction.metadata": "true", "topic.creation.groups": "transactions",
+                                "topic.creation.transactions.include": rf"{prefix}\.transaction",
+                                "topic.creation.transactions.partitions": "1",
+                                "topic.creation.transactions.replication.factor": "1"}
+                worker.register(names[leg], h.connect_config(prefix, h.parse_dsn(dsn), tables, **converter,
+                                                             **transactions))
+            try:
+                for name in names.values():
+                    worker.wait_running(name)
+                next_alltypes = w.alltypes_random_changes(connection, rng, alltypes_ids, next_alltypes, 40)
+                next_toast = w.toast_changes(connection, rng, toast_ids, 100, 40)
+                # A new column: the converter registers a new value schema (a new id) mid-stream.
+                connection.execute("ALTER TABLE toast ADD COLUMN note text")
+                for row_id in toast_ids[::2]:
+                    connection.execute("UPDATE toast SET note = %s WHERE id = %s", [f"note {row_id}", row_id])
+                w.toast_changes(connection, rng, toast_ids, next_toast, 20)
+                connection.execute("INSERT INTO cdc_marker VALUES (1)")
+                for prefix in run.prefixes.values():
+                    _wait_for_topic_record(broker.bootstrap_servers, f"{prefix}.public.cdc_marker")
+            finally:
+                for name in names.values():
+                    worker.delete(name)
+                h.drop_replication_slots(dsn)
+    yield run
+
+
+def _wait_for_topic_record(bootstrap_servers: str, topic: str, timeout_s: float = 180) -> None:
+    """Wait until ``topic`` holds a record: the connector streamed every change written before it."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"marker-{time.time_ns()}"})
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                metadata = consumer.list_topics(topic, timeout=5).topics[topic]
+                if metadata.error is None and any(
+                        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] > 0
+                        for p in metadata.partitions):
+                    return
+            except KafkaException:
+                pass
+            time.sleep(0.5)
+    finally:
+        consumer.close()
+    raise AssertionError(f"no marker record in {topic} within {timeout_s}s")
+
+
+@pytest.fixture(scope="module")
+def merged(avro_run: AvroRun) -> dict[str, list[str]]:
+    """``cdc_merge_job`` run once per leg; each leg's failed steps."""
+    return {leg: h.failures(h.run_job(avro_run.config(leg))) for leg in avro_run.prefixes}
+
+
+def _assert_equal(run: AvroRun, table: str, query: str, expected: dict[str, h.Normaliser],
+                  actual: dict[str, h.Normaliser]) -> None:
+    problems = h.compare(h.source_rows(run.dsn, query), h.current_rows(run.path("avro", table), "scd1"), ("id",),
+                         expected, actual)
+    assert not problems, f"avro/{table}: {h.summarise(problems)}"
+
+
+def test_every_type_in_avro_equals_the_source(avro_run, merged):
+    """Numeric with scale, unconstrained numeric (VariableScaleDecimal), money, date, time, timetz, timestamp,
+    timestamptz, interval, uuid, json, jsonb, enum, bytea, arrays: the Avro leg's table equals the source."""
+    assert not merged["avro"], merged["avro"]
+    _assert_equal(avro_run, "alltypes", ALLTYPES_QUERY, _expected_alltypes("adaptive", "precise"),
+                  _actual_alltypes("precise", "bytes"))
+
+
+def test_toast_placeholders_in_avro_keep_unchanged_columns(avro_run, merged):
+    """Updates that leave TOASTed columns out carry Debezium's placeholder (text, bytes, json, arrays in Avro):
+    the column keeps the value the table holds. The table applies whole transactions only, read from the
+    connector's transaction topic, in Avro too."""
+    assert not merged["avro"], merged["avro"]
+    _assert_equal(avro_run, "toast", TOAST_QUERY, {}, TOAST_ACTUAL)
+    log = avro_run.root / "_cdc_assets" / "transactions" / f"{avro_run.prefixes['avro']}.transaction"
+    assert h.delta_rows(log), "no transaction of the Avro transaction topic was ingested"
+
+
+# Each connector has its own slot and snapshot: their events' source times and LSN sequences differ.
+_OWN_TO_EACH_CONNECTOR = ("_cdc_position", "_cdc_source_ts")
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_avro_and_json_give_the_same_delta_table(avro_run, merged, table):
+    """The same changes, through the JSON converter and through the Avro converter: the same rows, every
+    column the same value of the same type, the last op included."""
+    assert not merged["avro"] and not merged["json"], merged
+    avro_rows, json_rows = ([{k: v for k, v in row.items() if k not in _OWN_TO_EACH_CONNECTOR}
+                             for row in h.delta_rows(avro_run.path(leg, table))] for leg in ("avro", "json"))
+    assert len(avro_rows) == len(json_rows) > 0
+    by_id = {row["id"]: row for row in json_rows}
+    differences = [f"id {row['id']}: {column}: avro {value!r}, json {other!r}"
+                   for row in avro_rows for column, value in row.items()
+                   if type(other := by_id.get(row["id"], {}).get(column)) is not type(value) or other != value]
+    assert not differences, h.summarise(differences)
+
+
+def test_a_column_added_mid_stream_comes_with_its_new_schema_id(avro_run, merged, registry):
+    """``ALTER TABLE ... ADD COLUMN``: the converter registers the value schema again (a new id); the column
+    is added to the table and holds the source's values."""
+    assert not merged["avro"], merged["avro"]
+    subject = f"{avro_run.prefixes['avro']}.public.toast-value"
+    with urllib.request.urlopen(f"{registry.confluent_url}/subjects/{subject}/versions") as answer:
+        assert len(json.load(answer)) >= 2
+    _assert_equal(avro_run, "toast", "SELECT id, note FROM toast", {}, {"id": h.typed(int), "note": h.typed(str)})
+
+
+def test_an_unreachable_registry_halts_even_a_dead_lettering_table(avro_run, merged, tmp_path):
+    """No registry at the configured address: the batch halts with an error naming the address, topic,
+    partition, offset and schema id, and nothing is dead-lettered (an outage is not a bad event)."""
+    assert not merged["avro"], merged["avro"]
+    nowhere = f"http://127.0.0.1:{free_port()}/apis/ccompat/v7"
+    failed = h.failures(h.run_job(avro_run.config("avro", nowhere, "dead_letter", tmp_path)))
+    assert failed and all(f"cannot reach the schema registry at {nowhere} for schema id" in f for f in failed), failed
+    assert re.search(rf"{avro_run.prefixes['avro']}\.public\.\w+\[\d\] at offset \d+", failed[0]), failed
+    assert not (tmp_path / "_cdc_assets" / "dead_letter").exists()
+
+
+def test_an_unknown_schema_id_halts_naming_topic_partition_offset_and_id(avro_run, merged):
+    """A record whose schema id the registry does not know is a bad event: the batch halts, nothing committed,
+    the error names topic, partition, offset and the id."""
+    assert not merged["avro"], merged["avro"]
+    topic = f"{avro_run.prefixes['avro']}.public.alltypes"
+    producer = Producer({"bootstrap.servers": avro_run.bootstrap_servers})
+    producer.produce(topic, value=struct.pack(">bI", 0, 987_654) + b"\x02", key=None, partition=0)
+    producer.flush(30)
+    before = len(h.delta_rows(avro_run.path("avro", "alltypes")))
+    failed = h.failures(h.run_job(avro_run.config("avro")))
+    assert len(failed) == 1 and "schema id 987654 is unknown to the schema registry" in failed[0], failed
+    assert f"{topic}[0] at offset" in failed[0], failed
+    assert len(h.delta_rows(avro_run.path("avro", "alltypes"))) == before
+
+    # With on_bad_event: dead_letter the rest is applied and the record kept, its raw bytes and the reason.
+    assert not h.failures(h.run_job(avro_run.config("avro", on_bad_event="dead_letter")))
+    (letter,) = h.delta_rows(avro_run.root / "_cdc_assets" / "dead_letter")
+    assert letter["topic"] == topic and letter["partition"] == 0
+    assert "schema id 987654 is unknown to the schema registry" in letter["error"]
+    assert f"{topic}[0] at offset {letter['offset']}" in letter["error"]
+
+
+def test_records_read_as_the_json_converter_writes_them(registry):
+    """The Avro rule alone against the registry: the JSON converter's encodings, and every record it cannot read
+    a bad event whose value names topic, partition, offset and why (a bad key makes its event bad too)."""
+    client = SchemaRegistryClient({"url": registry.confluent_url})
+    value_schema = {"type": "record", "name": "Value", "namespace": "t", "connect.name": "t.Value", "fields": [
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 6, "scale": 2,
+                                   "connect.name": "org.apache.kafka.connect.data.Decimal",
+                                   "connect.parameters": {"scale": "2", "connect.decimal.precision": "6"}}},
+        {"name": "ratio", "type": ["null", "float"], "default": None},
+        {"name": "raw", "type": ["null", "bytes"], "default": None},
+        {"name": "name", "type": ["null", "string"], "default": None}]}
+    value_id = client.register_schema("t-value", Schema(json.dumps(value_schema), "AVRO"))
+    key_id = client.register_schema("t-key", Schema(json.dumps(
+        {"type": "record", "name": "Key", "namespace": "t", "fields": [{"name": "id", "type": "int"}]}), "AVRO"))
+
+    def wire(schema_id: int, schema: dict[str, Any], datum: dict[str, Any]) -> bytes:
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, fastavro.parse_schema(schema), datum)
+        return struct.pack(">bI", 0, schema_id) + body.getvalue()
+
+    value = wire(value_id, value_schema, {"price": Decimal("-12.34"), "ratio": 0.1, "raw": b"\x00\xff",
+                                          "name": "caf\u00e9 \u2603"})
+    key = wire(key_id, {"type": "record", "name": "Key", "namespace": "t", "fields": [{"name": "id", "type": "int"}]},
+               {"id": 7})
+    records = pa.table({"partition": pa.array([0, 0, 1, 1, 2], pa.int32()), "offset": pa.array([5, 6, 7, 8, 9]),
+                        "key": pa.array([key, key, b"\x01oops", key, key], pa.binary()),
+                        "value": pa.array([value, None, value, b'{"op":"c"}', value[:6]], pa.binary())})
+    decoded = record_decoder(SchemaRegistrySettings(registry.confluent_url))("t", records)  # type: ignore[misc]
+    keys, values = decoded["key"].to_pylist(), decoded["value"].to_pylist()
+    assert json.loads(keys[0]) == {"schema": {"type": "struct", "optional": False, "name": "t.Key", "fields": [
+        {"type": "int32", "optional": False, "field": "id"}]}, "payload": {"id": 7}}
+    text = values[0].decode()
+    assert '"name":"café ☃"' in text  # UTF-8 as the JSON converter writes it: a placeholder is found in the bytes
+    payload = json.loads(text)["payload"]
+    # The unscaled value -1234 big-endian, the float's shortest 32-bit text, bytes as base64.
+    assert payload == {"price": base64.b64encode((-1234).to_bytes(2, "big", signed=True)).decode(), "ratio": 0.1,
+                       "raw": "AP8=", "name": "café ☃"}
+    assert values[1] is None  # a tombstone stays one
+    reasons = [json.loads(v)[UNDECODABLE_MEMBER] for v in (values[2], values[3], values[4])]
+    assert reasons[0].startswith("Avro key of t[1] at offset 7: not the Confluent wire format")
+    assert reasons[1].startswith("Avro value of t[1] at offset 8: not the Confluent wire format")
+    assert reasons[2].startswith(f"Avro value of t[2] at offset 9: Avro body does not fit schema id {value_id}")
+    assert explain_bad_value(values[4], "no op") == reasons[2]
