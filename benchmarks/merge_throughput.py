@@ -361,11 +361,12 @@ def main() -> None:
     parser.add_argument("--child", choices=VARIANTS + OPTIONAL_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--bootstrap", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
-    parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)  # default: <work>/delta, on local disk
     parser.add_argument("--storage-options", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.bootstrap, args.batch, Path(args.work), args.root, json.loads(args.storage_options))
+        child(args.child, args.bootstrap, args.batch, Path(args.work), args.root or str(Path(args.work) / "delta"),
+              json.loads(args.storage_options))
         return
 
     variants = [v for v in args.variants.split(",") if v]

@@ -24,6 +24,7 @@ Dagster's own ``post_processing`` applies to the assets it builds::
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,14 +33,17 @@ from dagster import (
     AssetKey,
     AssetSpec,
     AutomationCondition,
-    Component,
     ComponentLoadContext,
     Definitions,
     FreshnessPolicy,
     Model,
     Resolvable,
+    StateBackedComponent,
 )
+from dagster.components import DefsStateConfig, DefsStateConfigArgs, ResolvedDefsStateConfig
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
+from pydantic import BaseModel, PrivateAttr
+from typing_extensions import Self
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import PipelineConfig, validate_config
@@ -92,9 +96,14 @@ class TranslatedCdcTranslator(CdcTranslator):
         return self._spec(table).automation_condition
 
 
-class CdcComponent(Component, Resolvable, Model):
+class CdcComponent(StateBackedComponent, Resolvable, Model):
     """Debezium topics kept in step with Delta tables: the assets, checks, jobs, schedules, sensors and
-    resources that ``build_definitions`` makes of a pipeline config, from a ``defs.yaml``'s attributes."""
+    resources that ``build_definitions`` makes of a pipeline config, from a ``defs.yaml``'s attributes.
+
+    State-backed: the broker's topics, which the connectors' ``include`` patterns are matched against, are
+    its state (``defs_state``; by default listed once when the code server starts and handed to each run
+    from there, so a run worker's load asks the broker nothing). Without include patterns the state is
+    empty and no broker is asked."""
 
     kafka: dict[str, Any]
     delta: dict[str, Any]
@@ -108,20 +117,45 @@ class CdcComponent(Component, Resolvable, Model):
     checks_after_merge: str | None = None
     translation: Annotated[TranslationFn[CapturedTable],
                            TranslationFnResolver[CapturedTable](lambda table: {"table": table})] | None = None
+    defs_state: ResolvedDefsStateConfig = DefsStateConfigArgs.legacy_code_server_snapshots()
+    _source: Path | None = PrivateAttr(default=None)  # the defs.yaml it was declared in (errors name its lines)
 
-    def pipeline_config(self, source: Path | None = None) -> PipelineConfig:
-        """The attributes as a validated pipeline config; ``source``: the ``defs.yaml`` they came from
-        (its lines are named in errors)."""
+    @classmethod
+    def load(cls, attributes: BaseModel | None, context: ComponentLoadContext) -> Self:
+        """The component of a ``defs.yaml``'s attributes, remembering the file for its errors."""
+        component = super().load(attributes, context)
+        source = context.path / "defs.yaml" if context.path.is_dir() else context.path
+        component._source = source if source.is_file() else None
+        return component
+
+    @property
+    def defs_state_config(self) -> DefsStateConfig:
+        """Where the topics are kept: ``defs_state``, under a key naming the connectors."""
+        names = ",".join(str(connector.get("name")) for connector in self.connectors)
+        return DefsStateConfig.from_args(self.defs_state, default_key=f"CdcComponent[{names}]")
+
+    def write_state_to_path(self, state_path: Path) -> None:
+        """The broker's topics as JSON, if a connector has include patterns (else none, and no broker asked)."""
+        from cdc_assets.definitions import broker_topics
+
+        config = self.pipeline_config()
+        topics = broker_topics(config) if any(connector.include for connector in config.connectors) else []
+        state_path.write_text(json.dumps(topics))
+
+    def pipeline_config(self) -> PipelineConfig:
+        """The attributes as a validated pipeline config; errors name the ``defs.yaml``'s lines when the
+        component was loaded from one."""
         data = {name: value for name in _PIPELINE_FIELDS if (value := getattr(self, name)) is not None}
-        return validate_config(data, str(source or "<component>"), *_attributes_node(source))
+        return validate_config(data, str(self._source or "<component>"), *_attributes_node(self._source))
 
-    def build_defs(self, context: ComponentLoadContext) -> Definitions:
-        """``build_definitions`` of the attributes, with the ``translation`` if any."""
+    def build_defs_from_state(self, context: ComponentLoadContext, state_path: Path | None) -> Definitions:
+        """``build_definitions`` of the attributes, with the ``translation`` if any, and the topics of the
+        state (none written yet: the broker is asked now, if include patterns need it)."""
         from cdc_assets.definitions import build_definitions
 
-        source = context.path / "defs.yaml" if context.path.is_dir() else context.path
         translator = TranslatedCdcTranslator(self.translation) if self.translation is not None else None
-        return build_definitions(self.pipeline_config(source if source.is_file() else None), translator)
+        topics = json.loads(state_path.read_text()) if state_path is not None and state_path.exists() else None
+        return build_definitions(self.pipeline_config(), translator, topics)
 
 
 def _attributes_node(source: Path | None) -> tuple[yaml.Node | None, tuple[str, ...]]:

@@ -58,21 +58,27 @@ def op_groups(tables: Sequence[CapturedTable], size: int = TABLES_PER_OP) -> lis
     return [("" if index == 0 else f"_{index + 1}", group) for index, group in enumerate(groups) if group]
 
 
-def build_definitions(config: PipelineConfig, translator: CdcTranslator | None = None) -> Definitions:
+def broker_topics(config: PipelineConfig) -> list[str]:
+    """The topics of the config's broker, for its connectors' include patterns: one metadata request."""
+    source = KafkaSource(kafka_client_settings(config.kafka))
+    try:
+        return source.topics()
+    finally:
+        source.close()
+
+
+def build_definitions(config: PipelineConfig, translator: CdcTranslator | None = None,
+                      topics: Sequence[str] | None = None) -> Definitions:
     """Assets (one per captured table), checks, jobs, schedules, sensors and resources for a pipeline
-    config; ``translator`` (default ``CdcTranslator()``) decides how each table appears in Dagster."""
+    config; ``translator`` (default ``CdcTranslator()``) decides how each table appears in Dagster.
+
+    ``topics``: the broker's topics as known (a state-backed component's); None: asked of the broker when
+    a connector's include patterns need them (``broker_topics``)."""
     translator = translator or CdcTranslator()
     kafka_settings = kafka_client_settings(config.kafka)
-
-    def list_topics() -> list[str]:
-        source = KafkaSource(kafka_settings)
-        try:
-            return source.topics()
-        finally:
-            source.close()
-
     registry = read_registry(registry_path(config), config.delta.storage_options)
-    tables = resolve_tables(config, list_topics=list_topics, registry=registry)
+    tables = resolve_tables(config, list_topics=(lambda: topics) if topics is not None else (
+        lambda: broker_topics(config)), registry=registry)
     live = [table for table in tables if not table.retired]
     signalled = {connector.name for connector in config.connectors if connector.signal is not None}
     table_for = table_finder(config, tables)

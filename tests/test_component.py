@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,9 +29,10 @@ DEFS_YAML = Path("src/cdc_example/defs/cdc/defs.yaml")
 DG = Path(sys.executable).parent / "dg"
 
 
-def dg(project: Path, *args: str, delta_root: Path) -> subprocess.CompletedProcess:
-    """Run the `dg` CLI of this venv in ``project`` as a user of the example would (its package on the path)."""
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "CDC_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9",
+def dg(project: Path, *args: str, delta_root: Path, bootstrap: str = "127.0.0.1:9") -> subprocess.CompletedProcess:
+    """Run the `dg` CLI of this venv in ``project`` as a user of the example would (its package on the path);
+    ``bootstrap``: the broker its defs.yaml names (by default none listens there)."""
+    env = {**os.environ, "PYTHONPATH": str(project / "src"), "CDC_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
            "CDC_DELTA_ROOT": str(delta_root)}
     env.pop("CDC_ASSETS_CONFIG", None)
     return subprocess.run([str(DG), *args], cwd=project, env=env, capture_output=True, text=True, timeout=300)
@@ -75,6 +77,31 @@ def test_dg_list_defs_shows_the_translation_and_post_processing(project, tmp_pat
         assert str(tmp_path / "delta") in asset["description"]  # {{ env.CDC_DELTA_ROOT }}
     assert {"cdc_merge_job", "cdc_freshness_job"} <= {job["name"] for job in defs["jobs"]}
     assert {"sales/public/customers"} <= {check["key"].split(":")[0] for check in defs["asset_checks"]}
+
+
+def test_the_topics_include_patterns_match_are_the_components_state(project, tmp_path, broker):
+    """With include patterns, the broker's topics are the component's state: `dg utils refresh-defs-state`
+    lists them once, and a load from that state builds the matching tables with no broker to ask."""
+    from tests.test_transactions import new_topic_named
+
+    suffix = uuid.uuid4().hex[:6]
+    new_topic_named(broker, f"sales.public.orders_{suffix}")
+    defs_yaml = project / DEFS_YAML
+    text = defs_yaml.read_text().replace(
+        "        - name: public.orders\n          key_columns: [id]\n",
+        "        - name: public.orders\n          key_columns: [id]\n"
+        f"      include: ['public\\.orders_{suffix}']\n")
+    text = text.replace("  translation:", "  defs_state: {management_type: LOCAL_FILESYSTEM, refresh_if_dev: false}\n"
+                                          "  translation:")
+    assert f"orders_{suffix}" in text and "defs_state" in text
+    defs_yaml.write_text(text)
+
+    refreshed = dg(project, "utils", "refresh-defs-state", delta_root=tmp_path / "delta",
+                   bootstrap=broker.bootstrap_servers)
+    assert refreshed.returncode == 0, refreshed.stdout[-3000:] + refreshed.stderr[-3000:]
+    listed = dg(project, "list", "defs", "--json", delta_root=tmp_path / "delta")  # no broker at 127.0.0.1:9
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    assert f"sales/public/orders_{suffix}" in {asset["asset_key"] for asset in json.loads(listed.stdout)["assets"]}
 
 
 def test_a_wrong_field_is_named_with_the_defs_yaml_line(project, tmp_path):
@@ -191,4 +218,4 @@ def test_the_component_takes_every_field_of_the_pipeline_config():
     """Its attributes are written out beside PipelineConfig's fields: a field added to one is added to both."""
     from cdc_assets.config import PipelineConfig
 
-    assert set(CdcComponent.model_fields) - {"translation"} == set(PipelineConfig.model_fields)
+    assert set(CdcComponent.model_fields) - {"translation", "defs_state"} == set(PipelineConfig.model_fields)
