@@ -242,8 +242,11 @@ class AvroRecords:
                 registered = self._client.get_schema(schema_id)
             except SchemaRegistryError as exc:
                 if exc.http_status_code == 404:
-                    self._unknown[schema_id] = (f"schema id {schema_id} is unknown to the schema registry at "
-                                                f"{self._settings.url} ({exc.error_message})")
+                    self._unknown[schema_id] = (
+                        f"schema id {schema_id} is unknown to the schema registry at {self._settings.url} "
+                        f"({exc.error_message}); a registry that keeps its schemas in memory forgets them when it "
+                        "restarts, and records written before then cannot be decoded: give it persistent storage "
+                        "(Apicurio's kafkasql or sql)")
                     raise KeyError(self._unknown[schema_id]) from None
                 raise SchemaRegistryUnavailableError(f"schema registry {self._settings.url} failed for schema id "
                                                      f"{schema_id}: {exc}") from exc
