@@ -29,14 +29,12 @@ from typing import Any
 
 import fastavro
 import psutil
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from deltalake import DeltaTable
 
 from benchmarks.measure import process_cpu, server_cpu
-from benchmarks.merge_throughput import checksum, generate
-from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
+from benchmarks.merge_throughput import checksum, generate, produce
+from cdc_assets.demo.broker import ApacheKafkaBroker
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
 
 VARIANTS = {"json": "bjson", "json_schemas": "bschema", "avro": "bavro"}  # variant -> topic prefix
@@ -126,18 +124,6 @@ def encode(records: list[tuple[bytes, bytes | None]], variant: str, registry_url
 
     return [(to_avro(key, *writers[0]), None if value is None else to_avro(value, *writers[1]))
             for key, value in records]
-
-
-def produce(bootstrap: str, topic: str, records: list[tuple[bytes, bytes | None]], partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result()
-    producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": bootstrap, "linger.ms": 50,
-                         "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
-    for i, (key, value) in enumerate(records):
-        produce_waiting(producer, topic, key, value)
-        if i % 50_000 == 0:
-            producer.poll(0)
-    producer.flush(120)
 
 
 CONFIG = """
@@ -234,7 +220,7 @@ def main() -> None:
             encoded = encode(records, variant, registry.confluent_url)
             size = sum(len(key) + len(value or b"") for key, value in encoded)
             print(f"  {variant:<13} {size / len(encoded):7.0f} bytes a record (key + value)")
-            produce(broker.bootstrap_servers, f"{prefix}.public.accounts", encoded, args.partitions)
+            produce(broker.bootstrap_servers, encoded, args.partitions, topic=f"{prefix}.public.accounts")
         del records
         try:
             for number in range(args.warm_runs):

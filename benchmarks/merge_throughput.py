@@ -124,13 +124,14 @@ def checksum(rows: list[dict]) -> str:
     return digest.hexdigest()[:16]
 
 
-def produce(bootstrap: str, records: list[tuple[bytes, bytes | None]], partitions: int) -> None:
+def produce(bootstrap: str, records: list[tuple[bytes, bytes | None]], partitions: int, topic: str = TOPIC) -> None:
+    """``records`` (key, value) into a new ``topic`` of ``partitions``, in order, flushed."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(TOPIC, num_partitions=partitions, replication_factor=1)])[TOPIC].result()
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result()
     producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": bootstrap, "linger.ms": 50,
                          "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
     for i, (key, value) in enumerate(records):
-        produce_waiting(producer, TOPIC, key, value)
+        produce_waiting(producer, topic, key, value)
         if i % 50_000 == 0:
             producer.poll(0)
     producer.flush(120)
