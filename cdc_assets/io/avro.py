@@ -88,6 +88,11 @@ class SchemaRegistrySettings:
         return settings
 
 
+def _full_name(name: str, namespace: str) -> str:
+    """An Avro named type's full name: its own when dotted, else within the enclosing ``namespace``."""
+    return name if "." in name or not namespace else f"{namespace}.{name}"
+
+
 def connect_schema(avro: Any, named: dict[str, Any] | None = None, namespace: str = "") -> dict[str, Any]:
     """The Kafka Connect schema (the JSON converter's form) of an Avro schema, as ``AvroData`` reads it.
     ``named``: the named types defined so far (a later use of a record's name refers to it)."""
@@ -109,7 +114,7 @@ def connect_schema(avro: Any, named: dict[str, Any] | None = None, namespace: st
     schema: dict[str, Any]
     if kind == "record":
         own_namespace = avro.get("namespace", namespace)
-        full_name = avro["name"] if "." in avro["name"] or not own_namespace else f"{own_namespace}.{avro['name']}"
+        full_name = _full_name(avro["name"], own_namespace)
         schema = {"type": "struct", "fields": [], "optional": False}
         named[full_name] = schema  # before its fields: a recursive reference finds it
         schema["fields"] = [{**connect_schema(field["type"], named, own_namespace), "field": field["name"]}
@@ -128,7 +133,7 @@ def connect_schema(avro: Any, named: dict[str, Any] | None = None, namespace: st
         if name:
             schema["name"] = name
         if kind in ("enum", "fixed") and "name" in avro:
-            named[avro["name"] if "." in avro["name"] or not namespace else f"{namespace}.{avro['name']}"] = schema
+            named[_full_name(avro["name"], namespace)] = schema
     else:
         raise UnsupportedAvroSchemaError(f"Avro type '{kind}' has no Kafka Connect equivalent")
     parameters = dict(avro.get("connect.parameters") or {})
@@ -173,7 +178,7 @@ def _float32_repair(avro: Any, named: dict[str, Repair | None] | None = None, na
         return _float32_repair(kind, named, namespace)
     if kind == "record":
         own_namespace = avro.get("namespace", namespace)
-        full_name = avro["name"] if "." in avro["name"] or not own_namespace else f"{own_namespace}.{avro['name']}"
+        full_name = _full_name(avro["name"], own_namespace)
         named[full_name] = None  # a recursive record's floats are left as they are
         fields = [(field["name"], _float32_repair(field["type"], named, own_namespace)) for field in avro["fields"]]
         repaired = [(name, repair) for name, repair in fields if repair is not None]
