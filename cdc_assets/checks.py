@@ -34,6 +34,7 @@ from dagster import (
 from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
+from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget, KeyReport, open_table
 from cdc_assets.io.freshness import TableFreshness, TopicProbe, freshness_verdict
 from cdc_assets.io.kafka_source import SourceError
@@ -83,7 +84,8 @@ def live_freshness(table: CapturedTable, probe: TopicProbe) -> tuple[TableFreshn
     """The table's topic against the offsets its Delta table committed, and the connector's newest
     heartbeat (looked up only for a connector that sends them)."""
     progress = DeltaRsWriter().read_progress(table.target, table.app_id)  # the Delta log alone: no Spark
-    state = probe.table_freshness(table.topic, progress.offsets if progress else None)
+    state = probe.table_freshness(table.topic, progress.offsets if progress else None,
+                                  record_decoder(table.schema_registry))
     heartbeat = probe.last_heartbeat(table.topic_prefix) if table.max_heartbeat_age_s else None
     return state, heartbeat
 

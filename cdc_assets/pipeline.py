@@ -401,8 +401,11 @@ def _derive_layout(table: CapturedTable, raw: RawBatch, samples: tuple[list[byte
                              table.unavailable_placeholder, key_columns)
     except LayoutError as exc:
         offsets = {p: f"{raw.start_offsets[p]}..{raw.end_offsets[p]}" for p in sorted(raw.start_offsets)}
+        # Sampled events that cannot be read are the cause an operator must see, not the layout they left empty.
+        unreadable = [reason for value in samples[1] if (reason := explain_bad_value(value, ""))]
+        cause = f" (sampled events cannot be read, e.g. {unreadable[-1]})" if unreadable else ""
         raise LayoutError(f"table '{table.name}', topic {table.topic}, batch offsets by partition {offsets}: "
-                          f"{exc}. Nothing was committed") from exc
+                          f"{exc}{cause}. Nothing was committed") from exc
 
 
 def _read(source: KafkaSource, table: CapturedTable, limits: BatchLimits, offsets: Mapping[int, int] | None,

@@ -24,6 +24,7 @@ from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.spark import DELTA_JARS_ENV_VAR, delta_jars_dir, has_delta, spark_config, spark_records
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, disconnect, ensure_local_server, stop_all
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
+from tests.apicurio import Apicurio, AvroConnectWorker
 from tests.azurite import Azurite
 from tests.connect import ConnectWorker
 from tests.mariadb import MariaDBServer
@@ -57,10 +58,19 @@ def mariadb() -> Iterator[MariaDBServer]:
 
 @pytest.fixture(scope="session")
 def connect_worker(broker: ApacheKafkaBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectWorker]:
-    """One Kafka Connect 4.3 distributed worker (Debezium's MariaDB and PostgreSQL connectors) on the session's
-    broker, shared by every test: give each connector its own name and ``topic.prefix``."""
-    with ConnectWorker(broker.bootstrap_servers, tmp_path_factory.mktemp("connect")) as worker:
+    """One Kafka Connect 4.3 distributed worker (Debezium's MariaDB and PostgreSQL connectors, Apicurio's Avro
+    converter) on the session's broker, shared by every test: give each connector its own name and
+    ``topic.prefix``."""
+    with AvroConnectWorker(broker.bootstrap_servers, tmp_path_factory.mktemp("connect")) as worker:
         yield worker
+
+
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[Apicurio]:
+    """One Apicurio Registry for the session: Avro connectors register their schemas in it, kept on disk as
+    production keeps them durably (a ``restart`` loses none)."""
+    with Apicurio(storage="disk") as registry:
+        yield registry
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,13 +2,17 @@
 source whose connector sends heartbeats passes, a connector whose heartbeats stopped fails; the
 checks run on their own schedule's job, and a sensor observes the events waiting."""
 
+import io
 import json
+import struct
 import time
 import uuid
 from datetime import datetime, timezone
 
+import fastavro
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from dagster import AssetKey, DagsterInstance, build_sensor_context
 from deltalake import DeltaTable
 
@@ -16,9 +20,11 @@ from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.broker import PRODUCER_SETTINGS
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
+from cdc_assets.io.avro import SchemaRegistrySettings, record_decoder
 from cdc_assets.io.freshness import TopicProbe
 from cdc_assets.io.kafka_source import SourceError
 from tests.conftest import produce
+from tests.processes import free_port
 from tests.test_transactions import new_topic_named
 
 CONFIG = """\
@@ -141,3 +147,35 @@ def test_one_probe_looks_at_topic_after_topic(broker):
         beat = probe.last_heartbeat(prefix)
         assert beat is not None and (datetime.now(timezone.utc) - beat).total_seconds() < 60
         assert probe.last_heartbeat(f"{prefix}-none") is None
+
+
+def test_the_newest_source_time_of_an_avro_topic_is_read_through_the_registry(broker, schema_registry):
+    """A connector in Avro: the probe reads the newest waiting event's ``source.ts_ms`` through the registry
+    (raw, the wire format has none), and a registry it cannot reach leaves the time unknown, not the check failed."""
+    topic = new_topic_named(broker, f"probeavro{uuid.uuid4().hex[:8]}.s.t")
+    schema = {"type": "record", "name": "Envelope", "namespace": topic, "fields": [
+        {"name": "op", "type": "string"},
+        {"name": "after", "type": ["null", {"type": "record", "name": "Value", "fields": [
+            {"name": "id", "type": "int"}]}], "default": None},
+        {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql",
+                                    "fields": [{"name": "ts_ms", "type": "long"}, {"name": "lsn", "type": "long"}]}}]}
+    schema_id = SchemaRegistryClient({"url": schema_registry.confluent_url}).register_schema(
+        f"{topic}-value", Schema(json.dumps(schema), "AVRO"))
+    base_ms = 1_700_000_000_000
+    producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": broker.bootstrap_servers})
+    for n in range(3):
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, fastavro.parse_schema(schema),
+                                   {"op": "c", "after": {"id": n}, "source": {"ts_ms": base_ms + n, "lsn": n}})
+        producer.produce(topic, value=struct.pack(">bI", 0, schema_id) + body.getvalue(), partition=0)
+    assert producer.flush(30) == 0
+
+    settings = {"bootstrap.servers": broker.bootstrap_servers, "group.id": "probe"}
+    with TopicProbe(settings) as probe:
+        assert probe.table_freshness(topic, None).newest_source_time is None
+        read = probe.table_freshness(topic, None, record_decoder(SchemaRegistrySettings(schema_registry.confluent_url)))
+        assert (read.events_waiting, read.newest_source_time) == (
+            3, datetime.fromtimestamp((base_ms + 2) / 1000, timezone.utc))
+        nowhere = SchemaRegistrySettings(f"http://127.0.0.1:{free_port()}/apis/ccompat/v7")
+        unreachable = probe.table_freshness(topic, None, record_decoder(nowhere))
+        assert (unreachable.events_waiting, unreachable.newest_source_time) == (3, None)

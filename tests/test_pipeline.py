@@ -4,6 +4,7 @@ import base64
 import datetime as dt
 import json
 import threading
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -278,6 +279,27 @@ def test_an_unknown_logical_type_halts_naming_topic_and_offsets(spark, broker, w
                                           r"type 'com\.example\.Money'"):
         run_batch(spark, broker, writer, table)
     assert writer.read_progress(table.target, table.app_id) is None
+
+
+def test_a_first_batch_of_unreadable_events_halts_naming_why_they_cannot_be_read(spark, broker, writer, tmp_path):
+    """No Delta table yet and no event readable: nothing to create the table from, so the batch halts; the
+    error names why the events cannot be read, not only that no column was found."""
+    from cdc_assets.core.layout import LayoutError
+    from cdc_assets.io.delta import DeltaTarget
+
+    topic = new_topic(broker, "dbserver1.public.unreadable")
+    produce(broker, topic, [(b'{"id": 1}', b"not json"), (b'{"id": 2}', b"{oops")])
+    table = captured_table(topic, tmp_path, on_bad_event="dead_letter", dead_letter=DeltaTarget(str(tmp_path / "dl")))
+    with pytest.raises(LayoutError, match=r"no event names any column: set columns for this table \(sampled events "
+                                          r"cannot be read, e\.g\. value is not valid JSON"):
+        run_batch(spark, broker, writer, table)
+    assert writer.read_progress(table.target, table.app_id) is None
+
+    # Its columns and keys configured, the table is created from them and the events are dead-lettered.
+    declared = replace(table, key_columns=("id",), columns={"id": "bigint"})
+    report = run_batch(spark, broker, writer, declared)
+    assert report.dead_lettered == 2
+    assert writer.read_progress(table.target, table.app_id) is not None
 
 
 def test_columns_added_in_value_schemas_reach_delta_without_a_schema_change_event(spark, broker, writer, tmp_path):

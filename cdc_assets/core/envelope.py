@@ -15,6 +15,7 @@ not fit its type is reported instead of silently becoming null.
 
 from __future__ import annotations
 
+import base64
 import json
 
 from pyspark.sql import Column, DataFrame
@@ -27,6 +28,7 @@ from cdc_assets.core.layout import (
     POSITION_COLUMN,
     SOURCE_TS_COLUMN,
     UNAVAILABLE_COLUMN,
+    UNDECODABLE_MEMBER,
     ChangeEventLayout,
     unwrap,
 )
@@ -39,9 +41,8 @@ ERROR_COLUMN = "_cdc_error"
 SNAPSHOT_COLUMN = "_cdc_snapshot"
 PATCH_COLUMN = "_cdc_patch"  # MongoDB only
 TRANSACTION_COLUMN = "_cdc_transaction_id"
-# The member of a value a record format's decoder (``io.avro``) put in place of a record it could not read,
-# naming why: an object with no ``op``, so a bad event, whose reason is this text.
-UNDECODABLE_MEMBER = "__cdc_assets_undecodable"
+# Beside it, the record's key and value as read (base64), so that a dead letter keeps what can be replayed.
+_AS_READ_MEMBER = "__cdc_assets_as_read"
 KNOWN_OPS = ("c", "u", "d", "r", "t")
 TRUNCATE_OP = "t"  # one per table, no key and no row: the table policy (on_truncate) decides
 
@@ -86,6 +87,28 @@ def json_payload(value: bytes | None) -> object:
     if isinstance(body, dict) and UNDECODABLE_MEMBER in body:
         raise ValueError(str(body[UNDECODABLE_MEMBER]))
     return unwrap(body)[1]
+
+
+def undecodable_value(reason: str, key: bytes | None, value: bytes | None) -> bytes:
+    """The value a record format's decoder puts in place of a record it cannot read: a bad event whose
+    reason is ``reason``, carrying the record's ``key`` and ``value`` as read."""
+    as_read = {name: None if part is None else base64.b64encode(part).decode()
+               for name, part in (("key", key), ("value", value))}
+    return json.dumps({UNDECODABLE_MEMBER: reason, _AS_READ_MEMBER: as_read}).encode()
+
+
+def record_as_read(key: bytes | None, value: bytes | None) -> tuple[bytes | None, bytes | None]:
+    """A record's key and value as they were in Kafka: those an undecodable value carries, else themselves."""
+    try:
+        body = json.loads(value) if value is not None and value.startswith(b'{"' + UNDECODABLE_MEMBER.encode()) \
+            else None
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get(_AS_READ_MEMBER), dict):
+        return key, value
+    as_read = body[_AS_READ_MEMBER]
+    return tuple(None if as_read.get(name) is None else base64.b64decode(as_read[name])  # type: ignore[return-value]
+                 for name in ("key", "value"))
 
 
 def explain_bad_value(value: bytes | None, reason: str) -> str:

@@ -51,6 +51,11 @@ MONGODB_ID_COLUMN = "id"
 MONGODB_DOCUMENT_COLUMN = "document"
 
 
+# The member of a value a record format's decoder (``io.avro``) put in place of a record it could not read,
+# naming why: an object with no ``op``, so a bad event, whose reason is this text (``core.envelope``).
+UNDECODABLE_MEMBER = "__cdc_assets_undecodable"
+
+
 class LayoutError(ValueError):
     """The events of a table do not say enough to build its layout."""
 
@@ -308,12 +313,14 @@ def derive_layout(
 
 
 def _loads(raw: bytes | None) -> Any:
+    """A record key or value parsed; None where it is not JSON or stands for one that could not be read."""
     if raw is None:
         return None
     try:
-        return json.loads(raw)
+        key = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return None
+    return None if isinstance(key, Mapping) and UNDECODABLE_MEMBER in key else key
 
 
 def _json_value_type(value: Any) -> T.DataType | None:

@@ -16,9 +16,10 @@ positions, types, placeholders, schema changes, transactions) is read once, in c
   body is read with its logical types left as their underlying Avro types, which are those encodings.
 - Schemas are fetched from the registry once per id per process (an id names one schema for good) and
   kept. A record the rule cannot read (not the wire format, an id the registry does not know, a body that
-  does not fit its schema) becomes a bad event carrying the reason (``core.envelope.UNDECODABLE_MEMBER``):
-  halted on or dead-lettered as the table says, never dropped. A registry that cannot be reached halts
-  the batch (``SchemaRegistryUnavailableError``): a passing outage must not dead-letter every event.
+  does not fit its schema) becomes a bad event carrying the reason and the record as read
+  (``core.envelope.undecodable_value``): halted on or dead-lettered as the table says, never dropped. A
+  registry that cannot be reached halts the batch (``SchemaRegistryUnavailableError``): a passing outage
+  must not dead-letter every event.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import pyarrow as pa
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from cdc_assets.core.envelope import UNDECODABLE_MEMBER
+from cdc_assets.core.envelope import undecodable_value
 from cdc_assets.io.kafka_source import Decode
 
 _WIRE_HEADER = struct.Struct(">bI")  # the magic byte and the schema id
@@ -303,8 +304,8 @@ class AvroRecords:
                 part = "value"
                 values.append(None if value is None else self.to_json(value))
             except ValueError as exc:
-                undecodable = json.dumps({UNDECODABLE_MEMBER: f"Avro {part} of {topic}[{partition}] at offset "
-                                                              f"{offset}: {exc}"}).encode()
+                undecodable = undecodable_value(f"Avro {part} of {topic}[{partition}] at offset {offset}: {exc}",
+                                                key, value)
                 if part == "key":
                     keys.append(undecodable)
                 values.append(None if value is None else undecodable)

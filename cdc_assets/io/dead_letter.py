@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
-from cdc_assets.core.envelope import explain_bad_value
+from cdc_assets.core.envelope import explain_bad_value, record_as_read
 from cdc_assets.core.fold import BadEvent
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.storage import delta_rs_options
@@ -37,21 +37,23 @@ def _coordinates(partition: pa.Array | pa.ChunkedArray, offset: pa.Array | pa.Ch
 
 
 def dead_letter_rows(topic: str, table: str, events: pa.Table, bad: Sequence[BadEvent]) -> pa.Table:
-    """The dead-letter rows of ``bad`` events, with their raw key and value from ``events`` and the
+    """The dead-letter rows of ``bad`` events, with their key and value as they were in Kafka and the
     reason sharpened by looking at the value."""
     reasons = {(event.partition << 40) + event.offset: event.reason for event in bad}
     wanted = events.filter(pc.is_in(_coordinates(events["partition"], events["offset"]),
                                     value_set=pa.array(list(reasons), pa.int64())))
     codes = _coordinates(wanted["partition"], wanted["offset"]).to_pylist()
+    keys, values = wanted["key"].to_pylist(), wanted["value"].to_pylist()
+    as_read = [record_as_read(key, value) for key, value in zip(keys, values, strict=True)]
     now = datetime.now(timezone.utc)
     return pa.table({
         "topic": pa.array([topic] * wanted.num_rows, pa.string()),
         "partition": wanted["partition"],
         "offset": wanted["offset"],
-        "key": wanted["key"],
-        "value": wanted["value"],
+        "key": pa.array([key for key, _ in as_read], pa.binary()),
+        "value": pa.array([value for _, value in as_read], pa.binary()),
         "error": pa.array([explain_bad_value(value, reasons[code])
-                           for value, code in zip(wanted["value"].to_pylist(), codes, strict=True)], pa.string()),
+                           for value, code in zip(values, codes, strict=True)], pa.string()),
         "table": pa.array([table] * wanted.num_rows, pa.string()),
         "dead_lettered_at": pa.array([now] * wanted.num_rows, pa.timestamp("us", tz="UTC")),
     }, schema=DEAD_LETTER_SCHEMA)

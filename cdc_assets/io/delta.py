@@ -481,7 +481,9 @@ class DeltaSparkWriter:
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
               commit: CommitRequest, mode: ApplyMode, truncation: Truncation | None = None) -> MergeOutcome:
-        batch = self._spark.createDataFrame(rows)
+        # Spark infers no schema from an empty table (a first batch whose every event was dead-lettered).
+        batch = self._spark.createDataFrame(rows) if rows.num_rows else self._spark.createDataFrame(
+            [], from_arrow_schema(rows.schema))
         if self._history(target, 1) is None:
             self._create(target, table_schema_of(rows), {})
         elif _needs_column_mapping(rows.column_names):

@@ -16,10 +16,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+import pyarrow as pa
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from cdc_assets.core.envelope import json_payload
-from cdc_assets.io.kafka_source import LIBRDKAFKA_LOGGER, SourceError
+from cdc_assets.io.avro import SchemaRegistryUnavailableError
+from cdc_assets.io.kafka_source import LIBRDKAFKA_LOGGER, RAW_SCHEMA, Decode, SourceError
 
 HEARTBEAT_TOPIC_PREFIX = "__debezium-heartbeat."
 _LATEST = -1  # ListOffsets' timestamp for a partition's end (its high watermark)
@@ -62,11 +64,18 @@ def _kafka_time(message: Message | None) -> datetime | None:
     return datetime.fromtimestamp(millis / 1000, timezone.utc) if millis and millis > 0 else None
 
 
-def _source_time(message: Message | None) -> datetime | None:
-    """``source.ts_ms`` of a change event (wrapped or not); None for a tombstone or an unreadable value."""
+def _source_time(message: Message | None, decode: Decode | None) -> datetime | None:
+    """``source.ts_ms`` of a change event (wrapped or not; read through the connector's record format's
+    ``decode``); None for a tombstone or an unreadable value."""
     value = message.value() if message is not None else None
-    if value is None:
+    if message is None or value is None:
         return None
+    if decode is not None:
+        record = pa.table([[message.partition()], [message.offset()], [message.key()], [value]], schema=RAW_SCHEMA)
+        try:
+            value = decode(str(message.topic()), record)["value"][0].as_py()
+        except SchemaRegistryUnavailableError:
+            return None  # the source time is a detail of the check; the batch reports the registry
     try:
         payload = json_payload(value)
         millis = payload["source"]["ts_ms"] if isinstance(payload, dict) else None
@@ -146,9 +155,11 @@ class TopicProbe:
         except KafkaException as exc:
             raise SourceError(f"cannot read the watermarks of '{topic}': {exc}") from exc
 
-    def table_freshness(self, topic: str, applied: Mapping[int, int] | None) -> TableFreshness:
+    def table_freshness(self, topic: str, applied: Mapping[int, int] | None,
+                        decode: Decode | None = None) -> TableFreshness:
         """How far ``topic`` is ahead of the ``applied`` offsets (next offset per partition, as a table's
-        latest batch commit records them; None: nothing applied yet, so the whole retained topic waits)."""
+        latest batch commit records them; None: nothing applied yet, so the whole retained topic waits);
+        ``decode``: the connector's record format (``io.avro.record_decoder``), to read the newest source time."""
         try:
             waiting, oldest, newest = 0, None, None
             for partition in self._partitions(topic):
@@ -158,7 +169,7 @@ class TopicProbe:
                     continue
                 waiting += high - start
                 first = _kafka_time(_record_at(self._consumer, topic, partition, start, self._timeout_s))
-                last = _source_time(_record_at(self._consumer, topic, partition, high - 1, self._timeout_s))
+                last = _source_time(_record_at(self._consumer, topic, partition, high - 1, self._timeout_s), decode)
                 oldest = first if oldest is None or (first is not None and first < oldest) else oldest
                 newest = last if newest is None or (last is not None and last > newest) else newest
             return TableFreshness(topic, waiting, oldest, newest, datetime.now(timezone.utc))

@@ -267,6 +267,18 @@ class TopicRecord:
     headers: dict[str, bytes | None]
 
 
+def end_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:
+    """Each partition of ``topic`` and its end offset now."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"ends-{time.time_ns()}"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
+    finally:
+        consumer.close()
+
+
 def read_topic(bootstrap_servers: str, topic: str) -> list[TopicRecord]:
     """Every record of ``topic`` up to its current end, in (partition, offset) order."""
     from confluent_kafka import Consumer, TopicPartition

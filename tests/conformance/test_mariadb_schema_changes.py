@@ -7,21 +7,32 @@ that already hold data; then ALTER ADD / MODIFY (widen) / RENAME COLUMN / DROP C
 CREATE TABLE, RENAME TABLE and DROP TABLE mid-stream, with rows written across each (rows untouched since
 a rename read their value under the new name, as SELECT * does); then a connector restart that may emit
 its last DDL again.
+
+With the delta-rs writer the same database is also captured by a second connector with Apicurio's Avro
+converter and a real Apicurio Registry (``format: avro``): its schema-change topic, read by the same sensor,
+must request the same changes, and its tables must equal the source too.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance, build_sensor_context
 from deltalake import DeltaTable
 
+from cdc_assets.catalog import schema_registry_settings
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
-from tests.conformance.harness import Normaliser, compare, current_rows, read_topic, summarise
+from cdc_assets.io.avro import record_decoder
+from cdc_assets.io.kafka_source import KafkaSource, SourceError
+from cdc_assets.resources import kafka_client_settings
+from tests.conformance.harness import Normaliser, compare, current_rows, summarise
+from tests.conformance.test_avro import converter_settings
 from tests.conformance.test_mariadb import ALLTYPES_ACTUAL, ALLTYPES_EXPECTED, EDGE_ROWS, SCHEMA
 
 pytestmark = pytest.mark.conformance
@@ -36,18 +47,21 @@ connectors:
   - name: shop
     kind: mariadb
     topic.prefix: {prefix}
-    include: ['{database}\\..*']
+{record_format}    include: ['{database}\\..*']
 """
 
 
 class Shop:
-    """A database of the tests' MariaDB, captured under ``prefix``, its pipeline and its Dagster instance."""
+    """A database of the tests' MariaDB, captured under ``prefix`` (by a connector writing JSON, or Avro with the
+    registry at ``registry_url``), and its pipeline."""
 
-    def __init__(self, mariadb, broker, root, prefix: str, writer: str = "delta-rs") -> None:
+    def __init__(self, mariadb, broker, root: Path, prefix: str, database: str, writer: str = "delta-rs",
+                 registry_url: str | None = None) -> None:
         self.mariadb, self.broker, self.root, self.prefix = mariadb, broker, root, prefix
-        self.database = prefix
+        self.database = database
+        record_format = f'    format: avro\n    schema_registry: {{url: "{registry_url}"}}\n' if registry_url else ""
         self.config = parse_config(CONFIG.format(bootstrap=broker.bootstrap_servers, root=root, prefix=prefix,
-                                                 database=self.database, writer=writer))
+                                                 database=self.database, writer=writer, record_format=record_format))
         self.cursor: str | None = None
         self.marker = 0
 
@@ -55,17 +69,35 @@ class Shop:
         for statement in statements:
             self.mariadb.execute(statement, database=self.database)
 
-    def caught_up(self, timeout_s: float = 120) -> None:
-        """Wait until Debezium emitted everything written so far: a new marker row reached its topic."""
-        self.marker += 1
-        self.sql(f"INSERT INTO marker VALUES ({self.marker})")
+    def caught_up(self, timeout_s: float = 120, marker: int | None = None) -> None:
+        """Wait until Debezium emitted everything written so far: a new marker row (or ``marker``, written for
+        another shop of the same database) reached its topic."""
+        if marker is None:
+            self.marker += 1
+            self.sql(f"INSERT INTO marker VALUES ({self.marker})")
+        else:
+            self.marker = marker
         topic = f"{self.prefix}.{self.database}.marker"
         deadline = time.monotonic() + timeout_s
-        while not any(((record.value or {}).get("after") or {}).get("id") == self.marker
-                      for record in read_topic(self.broker.bootstrap_servers, topic)):
+        while self.marker not in self.markers(topic):
             assert time.monotonic() < deadline, f"marker {self.marker} never reached {topic}"
             time.sleep(0.5)
         time.sleep(1.0)  # the connector's other topics were written in the same producer flush
+
+    def markers(self, topic: str) -> set[int]:
+        """The ids of the marker rows inserted in ``topic``, read as the pipeline reads its records (Avro too)."""
+        source = KafkaSource(kafka_client_settings(self.config.kafka), retries=0)
+        try:
+            batch = source.read_batch(topic, None, 100_000, 64 * 1024 * 1024, 5,
+                                      decode=record_decoder(schema_registry_settings(self.config.connectors[0])))
+        except SourceError as exc:
+            if "does not exist" in str(exc):
+                return set()
+            raise
+        finally:
+            source.close()
+        values = [json.loads(value)["payload"] for value in batch.records["value"].to_pylist() if value]
+        return {value["after"]["id"] for value in values if value.get("after")}
 
     def apply_schema_changes(self, instance: DagsterInstance) -> list[str]:
         """Tick the sensor, run what it requests in reverse order; the changes requested."""
@@ -109,11 +141,30 @@ class Shop:
         assert sorted(c for c in held if c not in dropped) == sorted(columns), (held, dropped)
 
 
-@pytest.mark.parametrize("writer", ["delta-rs", "delta-spark"])
+def caught_up(shops: list[Shop]) -> None:
+    """Every shop's connector emitted everything written so far (one marker row, seen by each)."""
+    shops[0].caught_up()
+    for shop in shops[1:]:
+        shop.caught_up(marker=shops[0].marker)
+
+
+def apply_schema_changes(shops: list[Shop], instances: list[DagsterInstance]) -> list[str]:
+    """The sensor's requested changes, the same whatever the connector's converter; their runs executed."""
+    changes = [sorted(shop.apply_schema_changes(instance)) for shop, instance in zip(shops, instances, strict=True)]
+    assert all(other == changes[0] for other in changes[1:]), changes
+    return changes[0]
+
+
+@pytest.mark.parametrize("writer, formats", [pytest.param("delta-rs", ("json", "avro"), id="delta-rs-json-and-avro"),
+                                             pytest.param("delta-spark", ("json",), id="delta-spark-json")])
 def test_schema_changes_of_a_real_mariadb_reach_delta_in_source_order(mariadb, connect_worker, broker, tmp_path,
-                                                                       writer):
-    shop = Shop(mariadb, broker, tmp_path, f"sc{uuid.uuid4().hex[:8]}", writer)
-    mariadb.execute(f"CREATE DATABASE {shop.database}")
+                                                                       request, writer, formats):
+    database = f"sc{uuid.uuid4().hex[:8]}"
+    registry = request.getfixturevalue("schema_registry") if "avro" in formats else None
+    shops = [Shop(mariadb, broker, tmp_path / fmt, database if fmt == "json" else f"{database}{fmt}", database, writer,
+                  registry.confluent_url if fmt == "avro" else None) for fmt in formats]
+    shop = shops[0]
+    mariadb.execute(f"CREATE DATABASE {database}")
     shop.sql("CREATE TABLE orders (id INT PRIMARY KEY, note VARCHAR(50), amount DECIMAL(10,2))",
              "CREATE TABLE order_lines (id INT PRIMARY KEY, order_id INT, big BIGINT UNSIGNED)",
              "CREATE TABLE marker (id INT PRIMARY KEY)",
@@ -124,21 +175,26 @@ def test_schema_changes_of_a_real_mariadb_reach_delta_in_source_order(mariadb, c
              "INSERT INTO order_lines VALUES (1, 1, 9567973520996537333), (2, 1, 18446744073709551615), (3, 2, 7)")
     for row in EDGE_ROWS:
         mariadb.execute(f"INSERT INTO alltypes ({', '.join(row)}) VALUES ({', '.join(['%s'] * len(row))})",
-                        database=shop.database, args=list(row.values()))
-    connect_worker.register(shop.prefix, mariadb.connector_config(shop.prefix, [shop.database],
-                                                                  broker.bootstrap_servers))
-    connect_worker.wait_running(shop.prefix)
-    shop.caught_up()
-    with DagsterInstance.ephemeral() as instance:
+                        database=database, args=list(row.values()))
+    for fmt, each in zip(formats, shops, strict=True):
+        converter = converter_settings(registry.url) if registry is not None and fmt == "avro" else {}
+        connect_worker.register(each.prefix, mariadb.connector_config(each.prefix, [database],
+                                                                      broker.bootstrap_servers, **converter))
+    for each in shops:
+        connect_worker.wait_running(each.prefix)
+    caught_up(shops)
+    instances = [DagsterInstance.ephemeral() for _ in shops]
+    try:
         # The snapshot's DDL: DROP TABLE IF EXISTS is not acted on; each CREATE makes the table.
-        changes = shop.apply_schema_changes(instance)
-        assert sorted(changes) == [f"CREATE shop/{shop.database}.{t}"
-                                   for t in ("alltypes", "marker", "order_lines", "orders")]
-        assert shop.status() == {"order_lines": "active", "marker": "active", "orders": "active", "alltypes": "active"}
-        shop.merge(instance)
-        for table in ("orders", "order_lines"):
-            shop.check(table)
-        shop.check("alltypes", ALLTYPES_EXPECTED, ALLTYPES_ACTUAL)
+        changes = apply_schema_changes(shops, instances)
+        assert changes == [f"CREATE shop/{database}.{t}" for t in ("alltypes", "marker", "order_lines", "orders")]
+        for each, instance in zip(shops, instances, strict=True):
+            assert each.status() == {"order_lines": "active", "marker": "active", "orders": "active",
+                                     "alltypes": "active"}
+            each.merge(instance)
+            for table in ("orders", "order_lines"):
+                each.check(table)
+            each.check("alltypes", ALLTYPES_EXPECTED, ALLTYPES_ACTUAL)
 
         # Mid-stream DDL, rows written across each; order_lines gets rows no merge saw before its DROP.
         shop.sql("INSERT INTO order_lines VALUES (4, 3, 12345678901234567890), (5, 3, 0)",
@@ -164,32 +220,41 @@ def test_schema_changes_of_a_real_mariadb_reach_delta_in_source_order(mariadb, c
                  "RENAME TABLE parts TO components",
                  "INSERT INTO components VALUES (3, 'axle')",
                  "UPDATE components SET name = 'wheel' WHERE id = 1")
-        shop.caught_up()
-        changes = shop.apply_schema_changes(instance)
-        assert f"DROP shop/{shop.database}.order_lines" in changes and f"CREATE shop/{shop.database}.items" in changes
-        assert f"DROP shop/{shop.database}.parts" in changes and f"ALTER shop/{shop.database}.components" in changes
-        assert shop.status() == {"order_lines": "retired", "marker": "active", "orders": "active", "items": "active",
-                                 "parts": "retired", "components": "active", "alltypes": "active"}
-        parts = {row["id"]: row["name"] for row in current_rows(shop.path("parts"), "scd1")}
-        assert parts == {1: "gear", 2: "spring"}
-        # The dropped table holds its rows as of the DROP: the DROP's run merged what no merge had.
-        lines = {row["id"]: row["big"] for row in current_rows(shop.path("order_lines"), "scd1")}
-        assert lines == {1: Decimal(9567973520996537333), 2: Decimal(18446744073709551615), 3:
-                         Decimal(18446744073709551614), 4: Decimal(12345678901234567890), 5: Decimal(0)}
-        shop.merge(instance)
-        for table in ("orders", "items", "components"):
-            shop.check(table)
-        versions = {table: DeltaTable(shop.path(table)).version()
-                    for table in ("orders", "items", "order_lines", "parts", "components")}
+        caught_up(shops)
+        changes = apply_schema_changes(shops, instances)
+        assert f"DROP shop/{database}.order_lines" in changes and f"CREATE shop/{database}.items" in changes
+        assert f"DROP shop/{database}.parts" in changes and f"ALTER shop/{database}.components" in changes
+        versions = []
+        for each, instance in zip(shops, instances, strict=True):
+            assert each.status() == {"order_lines": "retired", "marker": "active", "orders": "active",
+                                     "items": "active", "parts": "retired", "components": "active",
+                                     "alltypes": "active"}
+            parts = {row["id"]: row["name"] for row in current_rows(each.path("parts"), "scd1")}
+            assert parts == {1: "gear", 2: "spring"}
+            # The dropped table holds its rows as of the DROP: the DROP's run merged what no merge had.
+            lines = {row["id"]: row["big"] for row in current_rows(each.path("order_lines"), "scd1")}
+            assert lines == {1: Decimal(9567973520996537333), 2: Decimal(18446744073709551615), 3:
+                             Decimal(18446744073709551614), 4: Decimal(12345678901234567890), 5: Decimal(0)}
+            each.merge(instance)
+            for table in ("orders", "items", "components"):
+                each.check(table)
+            versions.append({table: DeltaTable(each.path(table)).version()
+                             for table in ("orders", "items", "order_lines", "parts", "components")})
 
-        # A restart of the worker: the connector resumes from its offsets, may emit its last DDL again,
+        # A restart of the worker: the connectors resume from their offsets, may emit their last DDL again,
         # and nothing changes.
         connect_worker.restart()
-        connect_worker.wait_running(shop.prefix)
-        shop.caught_up()
-        shop.apply_schema_changes(instance)
-        assert {table: DeltaTable(shop.path(table)).version() for table in versions} == versions
-        shop.merge(instance)
-        for table in ("orders", "items", "components"):
-            shop.check(table)
-    connect_worker.delete(shop.prefix)
+        for each in shops:
+            connect_worker.wait_running(each.prefix)
+        caught_up(shops)
+        for each, instance, before in zip(shops, instances, versions, strict=True):
+            each.apply_schema_changes(instance)
+            assert {table: DeltaTable(each.path(table)).version() for table in before} == before
+            each.merge(instance)
+            for table in ("orders", "items", "components"):
+                each.check(table)
+    finally:
+        for instance in instances:
+            instance.dispose()
+    for each in shops:
+        connect_worker.delete(each.prefix)

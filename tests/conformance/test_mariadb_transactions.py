@@ -8,6 +8,10 @@ the Kafka signal channel, notifications to a topic, ``skipped.operations=none``)
 of multi-table transactions merged once mid-stream, two incremental snapshots requested with the project's
 ``incremental_snapshot_job`` (one per channel) while their tables are written, and a TRUNCATE among writes. Each
 aspect has its own pipeline config over the same topics (its own Delta root), so the tests do not hang on each other.
+
+A second connector with Apicurio's Avro converter and a real Apicurio Registry captures the transaction tables and the
+truncated table at the same time (``provide.transaction.metadata=true``, ``snapshot.mode=no_data``, no signals): its
+transaction topic and its TRUNCATE event, in Avro, are merged with ``format: avro`` as the JSON ones are.
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import ExecuteInProcessResult
 from deltalake import DeltaTable
 
+from cdc_assets.io.avro import AvroRecords, SchemaRegistrySettings
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.transactions import consistent_versions
+from tests.apicurio import Apicurio
 from tests.conformance import harness as h
 from tests.conformance import workloads as w
+from tests.conformance.test_avro import converter_settings
 from tests.conformance.test_mariadb import CapturedDatabase, PsycopgLike
 from tests.connect import ConnectWorker
 from tests.mariadb import MariaDBServer
@@ -97,9 +104,16 @@ class World(CapturedDatabase):
     notifications: list[dict[str, Any]] = field(default_factory=list)
     before_truncate: list[dict[str, Any]] = field(default_factory=list)
     tx_result: ExecuteInProcessResult | None = None
+    avro_prefix: str = ""  # the Avro connector's topic prefix
+    registry_url: str = ""  # its schema registry (the Confluent-compatible API)
 
     def config(self, aspect: str, tables: str, extra: str = "") -> str:
-        """A pipeline config of the connector for one aspect (``tx``, ``snap``, ``trunc``: its own Delta root)."""
+        """A pipeline config of the connector for one aspect (``tx``, ``snap``, ``trunc``: its own Delta root; an
+        aspect ending in ``_avro``: the Avro connector's)."""
+        prefix = self.prefix
+        if aspect.endswith("_avro"):
+            prefix = self.avro_prefix
+            extra = f'    format: avro\n    schema_registry: {{url: "{self.registry_url}"}}\n{extra}'
         return f"""\
 kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
 delta: {{root: "{self.root / aspect}", writer: delta-rs}}
@@ -108,19 +122,19 @@ checks_after_merge: all
 connectors:
   - name: maria_{aspect}
     kind: mariadb
-    topic.prefix: {self.prefix}
+    topic.prefix: {prefix}
 {extra}    tables:
 {tables}"""
 
-    def tx_config(self) -> str:
+    def tx_config(self, aspect: str = "tx") -> str:
         """Transaction mode over the three tx tables."""
         tables = "".join(f"      - {{name: {self.database}.{t}}}\n" for t in TX_TABLES)
-        return self.config("tx", tables, "    transaction_metadata: true\n")
+        return self.config(aspect, tables, "    transaction_metadata: true\n")
 
-    def merge_tx(self) -> ExecuteInProcessResult:
+    def merge_tx(self, aspect: str = "tx") -> ExecuteInProcessResult:
         """``cdc_merge_job`` of the tx tables with batches of ``MAX_RECORDS`` records (run config)."""
-        return h.run_job(self.tx_config(), run_config={
-            "ops": {"maria_tx_merge": {"config": {"max_records_per_batch": MAX_RECORDS}}}})
+        return h.run_job(self.tx_config(aspect), run_config={
+            "ops": {f"maria_{aspect}_merge": {"config": {"max_records_per_batch": MAX_RECORDS}}}})
 
     def snap_config(self) -> str:
         """The snapshotted tables, with both signal channels (each job run names one)."""
@@ -136,7 +150,8 @@ connectors:
 
     def path(self, aspect: str, table: str) -> Path:
         """The default Delta path of a table under an aspect's root."""
-        return self.root / aspect / self.prefix / self.database / table
+        return self.root / aspect / (self.avro_prefix if aspect.endswith("_avro") else self.prefix) / \
+            self.database / table
 
     def completed_snapshots(self) -> int:
         """Incremental snapshots the connector announced as completed on its notification topic so far."""
@@ -165,14 +180,16 @@ connectors:
 
 
 @pytest.fixture(scope="module")
-def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker,
+def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker, schema_registry: Apicurio,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     """Runs the whole captured workload once; the tests then merge and compare."""
     run_id = uuid.uuid4().hex[:6]
-    database, prefix = f"tx_{run_id}", f"mtx{run_id}"
+    database, prefix, avro_prefix = f"tx_{run_id}", f"mtx{run_id}", f"mtxav{run_id}"
     mariadb.execute(f"CREATE DATABASE {database}")
+    avro_keys = AvroRecords(SchemaRegistrySettings(schema_registry.confluent_url))
     world = World(mariadb, connect_worker, database, prefix, broker.bootstrap_servers,
-                  tmp_path_factory.mktemp("mariadb-tx") / "delta")
+                  tmp_path_factory.mktemp("mariadb-tx") / "delta", more_prefixes={avro_prefix: avro_keys.to_json},
+                  avro_prefix=avro_prefix, registry_url=schema_registry.confluent_url)
     rng = random.Random(SEED)
     signals = f"{prefix}.signals"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
@@ -198,8 +215,13 @@ def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker,
             "signal.kafka.topic": signals, "signal.kafka.bootstrap.servers": broker.bootstrap_servers,
             "signal.kafka.groupId": f"signals-{run_id}", "incremental.snapshot.chunk.size": "25",
             "notification.enabled.channels": "sink", "notification.sink.topic.name": f"{prefix}.notifications"}))
+        connect_worker.register(avro_prefix, mariadb.connector_config(
+            avro_prefix, [database], broker.bootstrap_servers, **converter_settings(schema_registry.url), **{
+                "snapshot.mode": "no_data", "provide.transaction.metadata": "true",
+                "table.include.list": ",".join(f"{database}.{t}" for t in ("cdc_marker", *TX_TABLES, "trunc"))}))
         try:
             connect_worker.wait_running(prefix)
+            connect_worker.wait_running(avro_prefix)
             world.wait_for_marker(sql)
             tx_ids: dict[str, list[int]] = {t: [] for t in TX_TABLES}
             next_tx = [1]
@@ -233,6 +255,7 @@ def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker,
         finally:
             world.close()
             connect_worker.delete(prefix)
+            connect_worker.delete(avro_prefix)
             os.environ.pop(SIGNAL_DSN_ENV, None)
 
 
@@ -338,3 +361,22 @@ def test_an_applied_truncate_leaves_the_table_as_the_source_in_every_apply_mode(
         assert before and not outlived, (truncated_at, outlived)
         assert max(row["_cdc_valid_to"] for row in before) == truncated_at
         assert h.one_current_version_per_key(path) == {}
+
+
+def test_transactions_and_a_truncate_in_avro(world):
+    """The Avro connector's transaction topic and table topics, merged with ``format: avro`` in batches of 100
+    records: every tx table equals the source and its transactions are reconciled; its TRUNCATE event (op t, a null
+    key, an Avro value) applied with ``on_truncate: apply`` leaves the truncated table as the source."""
+    run = world.merge_tx("tx_avro")
+    assert run.success, h.failures(run)
+    for table in TX_TABLES:
+        _assert_equal(world, "tx_avro", table, {"v": h.typed(int), "note": h.typed(str)})
+    checks = {(e.asset_key.path[-1], e.check_name): e for e in run.get_asset_check_evaluations()}
+    for table in TX_TABLES:
+        reconciled = checks[(table, "transactions_reconciled")]
+        assert reconciled.passed, (table, reconciled.description, reconciled.metadata)
+        assert checks[(table, "consistent_watermark_fresh")].passed, table
+    run = h.run_job(world.trunc_config("apply", "trunc_avro"),
+                    run_config={"ops": {"maria_trunc_avro_merge": {"config": {"max_records_per_batch": 7}}}})
+    assert run.success, h.failures(run)
+    _assert_equal(world, "trunc_avro", "trunc", {"v": h.typed(str)})

@@ -106,17 +106,6 @@ def _marker(connection: psycopg.Connection, run: ConnectRun, worker: ConnectWork
         time.sleep(0.5)
 
 
-def _end_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"ends-{time.time_ns()}"})
-    try:
-        partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in partitions}
-    finally:
-        consumer.close()
-
-
 def _drop_slot(dsn: str, timeout_s: float = 60) -> None:
     """Drop the deleted connector's replication slot once its task has let it go."""
     deadline = time.monotonic() + timeout_s
@@ -163,7 +152,7 @@ def run(broker: Any, postgres: Any, connect_worker: ConnectWorker,
             next_rnd = w.rnd_changes(connection, rng, rnd_ids, next_rnd, 100, key_changes=captured.key_changes["rnd"])
             _marker(connection, captured, connect_worker, name, 2)
             captured.stored_offsets.append(connect_worker.offsets(name))
-            captured.ends_before_restart = {t: _end_offsets(broker.bootstrap_servers, captured.topic(t))
+            captured.ends_before_restart = {t: h.end_offsets(broker.bootstrap_servers, captured.topic(t))
                                             for t in ("rnd", "rnd_late")}
             connect_worker.stop()
             next_rnd = w.rnd_changes(connection, rng, rnd_ids, next_rnd, 100, key_changes=captured.key_changes["rnd"])

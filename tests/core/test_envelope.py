@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from cdc_assets.core import decode_change_events, derive_layout, fold_batch
-from cdc_assets.core.envelope import value_type
+from cdc_assets.core.envelope import undecodable_value, value_type
 from cdc_assets.core.layout import LayoutError
 from cdc_assets.demo.events import encode_key, envelope, postgres_source, sqlserver_source
 from cdc_assets.io.spark import spark_records
@@ -96,6 +96,20 @@ def test_missing_key_is_flagged(hand_over):
 def test_no_key_anywhere_is_a_layout_error():
     with pytest.raises(LayoutError, match="set key_columns"):
         derive_layout("postgresql", [], [envelope("c", None, {"a": 1}, SOURCE, 1)])
+
+
+def test_a_record_that_could_not_be_read_names_no_column():
+    # An Avro record with an unknown schema id stands in as ``undecodable_value`` for key and value: its members
+    # are not key columns or row columns, whichever record of the sample is newest.
+    unread = undecodable_value("Avro key of t[0] at offset 9: schema id 7 is unknown", b"\x00\x00\x00\x00\x07",
+                               b"\x00\x00\x00\x00\x08")
+    layout = derive_layout("postgresql", [encode_key({"id": 1}), unread],
+                           [envelope("c", None, {"id": 1, "a": 2}, SOURCE, 1), unread])
+    assert (layout.key_columns, layout.row_type.fieldNames()) == (("id",), ["id", "a"])
+    with pytest.raises(LayoutError, match="set key_columns"):
+        derive_layout("postgresql", [unread], [unread])
+    with pytest.raises(LayoutError, match="no event names any column"):
+        derive_layout("postgresql", [unread], [unread], configured_keys=["id"])
 
 
 def test_sqlserver_primary_key_change_in_one_batch_removes_the_old_key(hand_over):
