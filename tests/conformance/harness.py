@@ -168,6 +168,15 @@ def parse_dsn(dsn: str) -> dict[str, str]:
     return dict(part.split("=", 1) for part in dsn.split())
 
 
+def avro_format(registry_url: str | None, ca: str | Path | None = None) -> str:
+    """A connector's record-format lines in a pipeline config (YAML at a connector's indent): Avro through the
+    registry at ``registry_url`` (with the CA file ``ca`` for https), or none, JSON, for None."""
+    if registry_url is None:
+        return ""
+    trust = f', ssl_ca_location: "{ca}"' if ca else ""
+    return f'    format: avro\n    schema_registry: {{url: "{registry_url}"{trust}}}\n'
+
+
 def run_job(config_text: str, job: str = "cdc_merge_job", run_config: Mapping[str, Any] | None = None
             ) -> ExecuteInProcessResult:
     """Run one of the project's jobs for a pipeline config, as Dagster runs it (in process)."""

@@ -74,8 +74,7 @@ class AvroRun:
                root: Path | None = None) -> str:
         """The pipeline config of one leg: its connector's tables, in Avro or JSON (``registry_url``: another
         registry's than the run's, ``root``: another Delta root)."""
-        record_format = (f'    format: avro\n    schema_registry: {{url: "{registry_url or self.registry_url}"}}\n'
-                         if leg == "avro" else "")
+        record_format = h.avro_format(registry_url or self.registry_url if leg == "avro" else None)
         return f"""\
 kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
 delta: {{root: "{root or self.root}", writer: delta-rs}}
@@ -318,9 +317,8 @@ class PrivateRegistry:
         return SchemaRegistrySettings(self.server.confluent_url, ssl_ca_location=str(self.ca) if self.ca else None)
 
     def yaml(self) -> str:
-        """The pipeline config's ``schema_registry`` for it, with its CA."""
-        ca = f', ssl_ca_location: "{self.ca}"' if self.ca else ""
-        return f'{{url: "{self.server.confluent_url}"{ca}}}'
+        """A pipeline config's record-format lines reading Avro through it, with its CA."""
+        return h.avro_format(self.server.confluent_url, self.ca)
 
 
 @pytest.fixture(scope="module")
@@ -397,8 +395,8 @@ def _written_through(run: AvroRun, registry: PrivateRegistry, prefix: str) -> li
 
 def _alltypes_config(run: AvroRun, prefix: str, registry: str, root: Path, on_bad_event: str = "halt",
                      declared: str = "") -> str:
-    """A pipeline config of ``<prefix>.public.alltypes`` alone, in Avro with the ``registry`` settings (YAML);
-    ``declared``: more of the table's settings (e.g. ``key_columns: [id], ``)."""
+    """A pipeline config of ``<prefix>.public.alltypes`` alone, read as ``registry`` says (``h.avro_format``'s
+    lines); ``declared``: more of the table's settings (e.g. ``key_columns: [id], ``)."""
     return f"""\
 kafka: {{bootstrap_servers: "{run.bootstrap_servers}"}}
 delta: {{root: "{root}", writer: delta-rs}}
@@ -407,9 +405,7 @@ connectors:
   - name: copy
     kind: postgresql
     topic.prefix: {prefix}
-    format: avro
-    schema_registry: {registry}
-    tables:
+{registry}    tables:
       - {{name: public.alltypes, {declared}columns: {{c_numeric_extreme: string}}, on_bad_event: {on_bad_event}}}
 """
 
@@ -423,7 +419,7 @@ def test_a_registry_over_tls_is_read_with_its_ca(avro_run, merged, kafkasql_regi
     _written_through(avro_run, kafkasql_registry, prefix)
     url = kafkasql_registry.server.confluent_url
     assert url.startswith("https://")
-    failed = h.failures(h.run_job(_alltypes_config(avro_run, prefix, f'{{url: "{url}"}}', tmp_path)))
+    failed = h.failures(h.run_job(_alltypes_config(avro_run, prefix, h.avro_format(url), tmp_path)))
     assert len(failed) == 1 and f"cannot reach the schema registry at {url} for schema id" in failed[0], failed
     assert "CERTIFICATE_VERIFY_FAILED" in failed[0], failed
     table = tmp_path / prefix / "public" / "alltypes"

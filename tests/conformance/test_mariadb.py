@@ -286,8 +286,7 @@ class World(CapturedDatabase):
         80 s)."""
         prefix = self.prefixes[leg]
         topic = f"{prefix}.{self.database}.rnd"
-        record_format = (f'    format: avro\n    schema_registry: {{url: "{self.registry_url}"}}\n'
-                         if leg == "avro" else "")
+        record_format = h.avro_format(self.registry_url if leg == "avro" else None)
         return f"""\
 kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
 delta: {{root: "{self.root / leg}", writer: delta-rs}}

@@ -31,7 +31,7 @@ from cdc_assets.definitions import build_definitions
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
 from cdc_assets.resources import kafka_client_settings
-from tests.conformance.harness import Normaliser, compare, current_rows, summarise
+from tests.conformance.harness import Normaliser, avro_format, compare, current_rows, summarise
 from tests.conformance.test_avro import converter_settings
 from tests.conformance.test_mariadb import ALLTYPES_ACTUAL, ALLTYPES_EXPECTED, EDGE_ROWS, SCHEMA
 
@@ -59,7 +59,7 @@ class Shop:
                  registry_url: str | None = None) -> None:
         self.mariadb, self.broker, self.root, self.prefix = mariadb, broker, root, prefix
         self.database = database
-        record_format = f'    format: avro\n    schema_registry: {{url: "{registry_url}"}}\n' if registry_url else ""
+        record_format = avro_format(registry_url)
         self.config = parse_config(CONFIG.format(bootstrap=broker.bootstrap_servers, root=root, prefix=prefix,
                                                  database=self.database, writer=writer, record_format=record_format))
         self.cursor: str | None = None

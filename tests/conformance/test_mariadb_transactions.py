@@ -113,7 +113,7 @@ class World(CapturedDatabase):
         prefix = self.prefix
         if aspect.endswith("_avro"):
             prefix = self.avro_prefix
-            extra = f'    format: avro\n    schema_registry: {{url: "{self.registry_url}"}}\n{extra}'
+            extra = h.avro_format(self.registry_url) + extra
         return f"""\
 kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
 delta: {{root: "{self.root / aspect}", writer: delta-rs}}
