@@ -100,15 +100,17 @@ def undecodable_value(reason: str, key: bytes | None, value: bytes | None) -> by
 def record_as_read(key: bytes | None, value: bytes | None) -> tuple[bytes | None, bytes | None]:
     """A record's key and value as they were in Kafka: those an undecodable value carries, else themselves."""
     try:
-        body = json.loads(value) if value is not None and value.startswith(b'{"' + UNDECODABLE_MEMBER.encode()) \
-            else None
+        body = json.loads(value) if value is not None else None
     except (ValueError, UnicodeDecodeError):
-        body = None
-    if not isinstance(body, dict) or not isinstance(body.get(_AS_READ_MEMBER), dict):
         return key, value
-    as_read = body[_AS_READ_MEMBER]
-    return tuple(None if as_read.get(name) is None else base64.b64decode(as_read[name])  # type: ignore[return-value]
-                 for name in ("key", "value"))
+    as_read = body.get(_AS_READ_MEMBER) if isinstance(body, dict) else None
+    if not isinstance(as_read, dict):
+        return key, value
+
+    def part(name: str) -> bytes | None:
+        return None if as_read.get(name) is None else base64.b64decode(as_read[name])
+
+    return part("key"), part("value")
 
 
 def explain_bad_value(value: bytes | None, reason: str) -> str:
