@@ -40,14 +40,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import fastavro
-import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from deltalake import DeltaTable
 
-from benchmarks.measure import process_cpu, server_cpu
+from benchmarks.measure import process_cpu, run_cpu, server_cpu
 from benchmarks.merge_throughput import checksum, generate, produce
 from cdc_assets.demo.broker import ApacheKafkaBroker
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
@@ -179,33 +178,36 @@ def child(variant: str, bootstrap: str, registry_url: str, batch: int, root: str
     (event,) = result.get_asset_materialization_events()
     metadata = event.event_specific_data.materialization.metadata  # type: ignore[union-attr]
     stages: dict[str, float] = dict(metadata["stage_seconds"].value)  # type: ignore[arg-type]
-    servers = {state["pid"] for _, state in running_servers()}
-    me = psutil.Process()
-    tree = [me, *(p for p in me.children(recursive=True) if p.pid not in servers)]
     table = DeltaTable(f"{root}/{VARIANTS[variant]}/public/accounts")
     rows = table.to_pyarrow_table(columns=["id", "balance", "owner", "status", "seq"]).to_pylist()
-    print("RESULT " + json.dumps({"stages": stages, "run_cpu": sum(sum(p.cpu_times()[:2]) for p in tree)
-                                  - startup_cpu, "rows": len(rows), "checksum": checksum(rows)}), flush=True)
+    print("RESULT " + json.dumps({"stages": stages, "run_cpu": run_cpu() - startup_cpu, "rows": len(rows),
+                                  "checksum": checksum(rows)}), flush=True)
     os._exit(0)  # native threads (delta-rs, librdkafka) can abort the interpreter's teardown
+
+
+def _child_result(what: str, *args: str) -> dict[str, Any]:
+    """This module run with ``args`` in a fresh process: its ``RESULT``, with the Spark server's CPU seconds."""
+    servers = [state["pid"] for _, state in running_servers()]
+    before = server_cpu(servers)["server"]
+    done = subprocess.run([sys.executable, "-m", "benchmarks.avro_decode", *args],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{what} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    servers = servers or [state["pid"] for _, state in running_servers()]
+    result["server_cpu"] = server_cpu(servers)["server"] - before
+    return result
 
 
 def run_child(variant: str, bootstrap: str, registry_url: str, batch: int, root: Path,
               oracle: tuple[int, str]) -> dict[str, Any]:
     """One run in a fresh process, checked against the oracle, with the Spark server's CPU seconds."""
-    servers = [state["pid"] for _, state in running_servers()]
-    before = server_cpu(servers)["server"]
-    done = subprocess.run([sys.executable, "-m", "benchmarks.avro_decode", "--child", variant, "--bootstrap",
-                           bootstrap, "--registry", registry_url, "--batch", str(batch), "--root", str(root)],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"{variant} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    result = _child_result(variant, "--child", variant, "--bootstrap", bootstrap, "--registry", registry_url,
+                           "--batch", str(batch), "--root", str(root))
     if (result["rows"], result["checksum"]) != oracle:
         raise SystemExit(f"{variant}: the table does not match the oracle ({result['rows']} rows, "
                          f"expected {oracle[0]})")
-    servers = servers or [state["pid"] for _, state in running_servers()]
-    result["server_cpu"] = server_cpu(servers)["server"] - before
     return result
 
 
@@ -356,7 +358,7 @@ def decode_child(variant: str, bootstrap: str, registry_url: str, batch: int) ->
     decode = record_decoder(SchemaRegistrySettings(registry_url)) if variant == "avro" else None
     client = SchemaRegistryClient({"url": registry_url})
     writer_schemas: dict[bytes, str] = {}  # wire header -> writer schema (from_avro)
-    startup_cpu = process_cpu(os.getpid())
+    startup_cpu = run_cpu()  # the server it may have started is not the run's
     start = time.perf_counter()
     offsets: dict[int, int] | None = None
     rows = values = coordinates = 0
@@ -389,32 +391,20 @@ def decode_child(variant: str, bootstrap: str, registry_url: str, batch: int) ->
         if raw.caught_up:
             break
     wall = time.perf_counter() - start
-    servers = {state["pid"] for _, state in running_servers()}
-    me = psutil.Process()
-    tree = [me, *(p for p in me.children(recursive=True) if p.pid not in servers)]
-    run_cpu = sum(sum(p.cpu_times()[:2]) for p in tree) - startup_cpu
+    own_cpu = run_cpu() - startup_cpu
     source.close()
     disconnect(spark)
-    print("RESULT " + json.dumps({"wall_s": wall, "run_cpu": run_cpu, "rows": rows, "values": values,
+    print("RESULT " + json.dumps({"wall_s": wall, "run_cpu": own_cpu, "rows": rows, "values": values,
                                   "coordinates": coordinates}), flush=True)
     os._exit(0)  # native threads (librdkafka) can abort the interpreter's teardown
 
 
 def run_decode_child(variant: str, bootstrap: str, registry_url: str, batch: int, events: int) -> dict[str, Any]:
     """One decode-level run in a fresh process, with the Spark server's CPU seconds; every event decoded."""
-    servers = [state["pid"] for _, state in running_servers()]
-    before = server_cpu(servers)["server"]
-    done = subprocess.run([sys.executable, "-m", "benchmarks.avro_decode", "--decode-child", variant, "--bootstrap",
-                           bootstrap, "--registry", registry_url, "--batch", str(batch)],
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"decode {variant} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(lines[-1].removeprefix("RESULT "))
+    result = _child_result(f"decode {variant}", "--decode-child", variant, "--bootstrap", bootstrap, "--registry",
+                           registry_url, "--batch", str(batch))
     if result["rows"] != events:
         raise SystemExit(f"decode {variant}: {result['rows']} events decoded, expected {events}")
-    servers = servers or [state["pid"] for _, state in running_servers()]
-    result["server_cpu"] = server_cpu(servers)["server"] - before
     return result
 
 

@@ -48,12 +48,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 
-from benchmarks.measure import PeakRss, process_cpu, server_cpu, used_since, warm_until_steady
+from benchmarks.measure import PeakRss, process_cpu, run_cpu, server_cpu, used_since, warm_until_steady
 from benchmarks.merge_throughput import wait_until_idle
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
@@ -293,14 +292,10 @@ def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: boo
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(45)
         top = out.getvalue()
-    servers = {state["pid"] for _, state in running_servers()}
-    me = psutil.Process()
-    tree = [me, *(p for p in me.children(recursive=True)
-                  if p.pid not in servers and not servers & {a.pid for a in p.parents()})]
     print("RESULT " + json.dumps({
         "wall_s": wall, "creation_s": creation, "tables": len(per_table), "table_seconds": per_table, "stages": stages,
         "checks": checks, "events": events, "peak_rss": rss.peak, "profile": top, "tick_s": ticks, "skipped": skipped,
-        "run_cpu": sum(sum(p.cpu_times()[:2]) for p in tree)}), flush=True)
+        "run_cpu": run_cpu()}), flush=True)
     os._exit(0)
 
 

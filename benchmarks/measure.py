@@ -110,6 +110,18 @@ def process_cpu(pid: int) -> float:
     return 0.0
 
 
+def run_cpu() -> float:
+    """CPU seconds so far of this process and its descendants (a JVM it started), the local Spark servers
+    and their descendants excepted: a run's own CPU, beside the server's (``server_cpu``)."""
+    from cdc_assets.io.spark_server import running_servers
+
+    servers = {state["pid"] for _, state in running_servers()}
+    me = psutil.Process()
+    tree = [me, *(p for p in me.children(recursive=True)
+                  if p.pid not in servers and not servers & {a.pid for a in p.parents()})]
+    return sum(sum(p.cpu_times()[:2]) for p in tree)
+
+
 def server_cpu(pids: Iterable[int]) -> dict[str, float]:
     """CPU seconds so far of the local Spark servers ``pids`` with their descendants (``server``), and of
     that, their JIT compilers' (``server_jit``)."""

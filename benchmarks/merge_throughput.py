@@ -63,13 +63,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from benchmarks.measure import PeakRss, process_cpu, server_cpu, used_since, warm_until_steady
+from benchmarks.measure import PeakRss, process_cpu, run_cpu, server_cpu, used_since, warm_until_steady
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.io.spark import DELTA_CATALOG, DELTA_EXTENSION, delta_jars, object_store_jars, spark_config
 from cdc_assets.io.spark_server import (
@@ -273,13 +272,7 @@ def child(variant: str, bootstrap: str, batch: int, work: Path, root: str, stora
             stages, target = run_project(bootstrap, batch, work, root, storage_options,
                                          local_server=variant != "project_in_process",
                                          writer="delta-spark" if variant == "project_delta_spark" else "delta-rs")
-    # CPU of this process and its children (the JVM), a local Spark server it started excepted.
-    servers = {state["pid"] for _, state in running_servers()}
-    me = psutil.Process()
-    tree = [me, *(p for p in me.children(recursive=True)
-                  if p.pid not in servers and not servers & {a.pid for a in p.parents()})]
-    result: dict[str, object] = {"stages": stages, "peak_rss": rss.peak,
-                                 "run_cpu": sum(sum(p.cpu_times()[:2]) for p in tree),
+    result: dict[str, object] = {"stages": stages, "peak_rss": rss.peak, "run_cpu": run_cpu(),
                                  "startup_cpu": stages.pop("startup_cpu", startup_cpu)}
     if variant != "consume_only":
         table = DeltaTable(target, storage_options=rs_options)
