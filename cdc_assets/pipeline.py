@@ -35,7 +35,7 @@ from cdc_assets.core.envelope import (
     TRANSACTION_COLUMN,
     explain_bad_value,
 )
-from cdc_assets.core.key_changes import key_change_cut
+from cdc_assets.core.key_changes import key_change_cut, unfinished_partitions
 from cdc_assets.core.layout import (
     HIDDEN_PREFIX,
     PLACEHOLDER_KINDS,
@@ -433,7 +433,8 @@ def _key_change_cut(table: CapturedTable, existing: StructType | None, key_colum
 
     def cut(raw: RawBatch) -> dict[int, int] | None:
         values = raw.records["value"]
-        if values.null_count == len(values):
+        # Asked before the layout, which costs a parse of the sampled values (most batches of small tables).
+        if values.null_count == len(values) or not unfinished_partitions(raw.end_offsets, raw.high_watermarks):
             return None
         layout = _derive_layout(table, raw, (_sample(raw.records["key"]), _sample(values)), existing, key_columns)
         if not layout.unavailable_tests:

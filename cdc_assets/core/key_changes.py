@@ -147,6 +147,12 @@ _KEY_CHANGE_HALF = r'"op"\s*:\s*"d"'
 _CREATE = r'"op"\s*:\s*"c"'
 
 
+def unfinished_partitions(end_offsets: Mapping[int, int], high_watermarks: Mapping[int, int]) -> list[int]:
+    """The partitions a batch did not read to their end: only there can a key change's second event be
+    unread (a batch read to the end of every partition is never cut)."""
+    return [p for p, end in end_offsets.items() if end < high_watermarks.get(p, end)]
+
+
 def key_change_cut(records: pa.Table, end_offsets: Mapping[int, int], high_watermarks: Mapping[int, int],
                    kind: str, placeholder: str | None) -> dict[int, int] | None:
     """The end offsets that keep a primary-key change's delete and create in one batch, for a batch of raw
@@ -162,6 +168,9 @@ def key_change_cut(records: pa.Table, end_offsets: Mapping[int, int], high_water
     only), nothing read elsewhere is known to come before its next event: the batch keeps that
     partition's tombstones alone. A cut at the batch's start offsets keeps nothing: the batch must be
     read further (a delete emitted before everything else read, its create not read yet)."""
+    unfinished = unfinished_partitions(end_offsets, high_watermarks)
+    if not unfinished:
+        return None
     values = records["value"]
     by_partition: dict[int, tuple[list[int], _Ordered]] = {}
     firsts: dict[int, int] = {}
@@ -176,9 +185,6 @@ def key_change_cut(records: pa.Table, end_offsets: Mapping[int, int], high_water
             order = pc.sort_indices(offsets)
             indices, offsets = pc.take(indices, order), pc.take(offsets, order)
         by_partition[partition] = (offsets.to_pylist(), _Ordered(values, indices, kind))
-    unfinished = [p for p, end in end_offsets.items() if end < high_watermarks.get(p, end)]
-    if not unfinished:
-        return None
     if any(not by_partition[p][1] for p in unfinished):
         if not _holds_key_change_half(pc.filter(values, pc.is_valid(values)), placeholder):
             return None

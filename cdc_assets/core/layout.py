@@ -254,11 +254,11 @@ def derive_layout(
     the connector's unavailable.value.placeholder (kept for the kinds that send it); ``previous_keys``:
     the key columns the table's last commit recorded, for a sample with no record key (TRUNCATE).
     """
-    keys = [_loads(key) for key in sample_keys]
     values = parse_values(sample_values)
     key_columns = tuple(configured_keys or ())
     if not key_columns:
-        for key in reversed(keys):
+        # The newest key that is a JSON object names the key columns: parsed newest first, as far as needed.
+        for key in map(_loads, reversed(sample_keys)):
             if isinstance(key, Mapping):
                 key_columns = key_columns_from_key(key)
                 break

@@ -172,9 +172,12 @@ class _Shares:
         taking = [p for p in below if self.takes(p)]
         if taking:
             return taking
-        records, size = -(-self.records_left // len(below)), -(-(self.max_bytes - self.size) // len(below))
-        for partition in below:
-            self._record_share[partition] = self._records[partition] + records
+        # The records left split exactly, the lowest partitions taking one more: which partition gets the odd
+        # record does not hang on which one librdkafka hands out first.
+        records, odd = divmod(self.records_left, len(below))
+        size = -(-(self.max_bytes - self.size) // len(below))
+        for rank, partition in enumerate(sorted(below)):
+            self._record_share[partition] = self._records[partition] + records + (rank < odd)
             self._byte_share[partition] = self._bytes[partition] + size
         return list(below)
 

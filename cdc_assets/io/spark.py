@@ -21,6 +21,7 @@ from pyspark.sql import types as T
 from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 from cdc_assets.core.layout import schema_prefix
+from cdc_assets.io.spark_server import small_batch_session
 from cdc_assets.io.storage import StorageConfigError, spark_settings, store_of
 
 DELTA_JARS_ENV_VAR = "CDC_DELTA_SPARK_JARS"
@@ -172,6 +173,9 @@ def _cores(spark: SparkSession) -> int:
 RECORD_SEPARATOR = "\x1e"
 _CORRUPT_COLUMN = "_corrupt_record"
 _SEPARATOR_BYTE, _BACKSLASH_BYTE, _QUOTE_BYTE = ord(RECORD_SEPARATOR), ord("\\"), ord('"')
+# Fewer records than this make a small batch (``spark_server.SMALL_BATCH_SETTINGS``): measured where the two
+# settings cost the same server CPU on W2's events (docs/tuning.md).
+SMALL_BATCH_RECORDS = 1_000
 # A batch smaller than this is handed over as one file and folded in one task: parsing it on every
 # core saves less than a task per core and a shuffle cost (most of a small table's Spark time, W2).
 _SPLIT_BYTES = 4 << 20
@@ -196,7 +200,12 @@ def spark_records(spark: SparkSession, records: pa.Table, value_type: T.StructTy
     ``parsed_from_files``): their value is null, so they decode as bad events, whatever ``from_json``
     would make of their value. The caller reads a batch with bad events again, exactly. Other
     sessions always hand over exactly.
+
+    A batch of fewer than ``SMALL_BATCH_RECORDS`` records is read, decoded and folded by the session's
+    small-batch session where it has one (``spark_server.SMALL_BATCH_SETTINGS``): the frame's queries run there.
     """
+    if records.num_rows < SMALL_BATCH_RECORDS:
+        spark = small_batch_session(spark) or spark
     if not is_local(spark):
         yield parsed_in_spark(spark, records, value_type)
         return

@@ -11,8 +11,9 @@ settings get a server of their own: servers are keyed by a fingerprint of their 
 
 The state lives in ``$CDC_SPARK_SERVER_DIR`` (default: ``<tmp>/cdc-assets-spark-<uid>``): per
 server ``<fingerprint>.json`` (supervisor pid, port), ``.lock`` (held while a client starts it) and
-``.log``, and per session slot (``connect``) ``session-<port>-<slot>.lock`` (the session's id, locked
-by the client using it). A server's state names the checkout (or installation) that started it:
+``.log``, and per session slot (``connect``) ``session-<port>-<slot>.lock`` (the ids of the session
+and of its small-batch session, locked by the client using them). A server's state names the
+checkout (or installation) that started it:
 
     python -m cdc_assets.io.spark_server status|stop [--all]   # this checkout's servers; --all: every one
 """
@@ -151,24 +152,57 @@ def connect(url: str) -> SparkSession:
         if handle is None:
             continue
         try:
-            session = _reused_session(url, handle)
+            session = _reused_session(url, handle, 0)
+            small = _small_batch(_reused_session(url, handle, 1))
         except BaseException:
             handle.close()
             raise
         _slots[id(session)] = handle
+        _small_batch_sessions[id(session)] = small
         return session
-    return _session(url)
+    session = _session(url)
+    _small_batch_sessions[id(session)] = _small_batch(_session(url))
+    return session
 
 
 def disconnect(session: SparkSession) -> None:
-    """End ``session`` (from ``connect``): a slot's session stays on the server for the next run, its
-    slot is freed; a session of its own is released."""
+    """End ``session`` (from ``connect``) and its small-batch session: a slot's sessions stay on the
+    server for the next run, its slot is freed; sessions of their own are released."""
     handle = _slots.pop(id(session), None)
+    small = _small_batch_sessions.pop(id(session), None)
     if handle is None:
-        session.stop()
+        for own in (session, small):
+            if own is not None:
+                own.stop()
         return
-    _close_client(session)
+    for kept in (session, small):
+        if kept is not None:
+            _close_client(kept)
     handle.close()  # frees the slot's lock
+
+
+def small_batch_session(session: SparkSession) -> SparkSession | None:
+    """The session from ``connect`` that folds ``session``'s small batches (``SMALL_BATCH_SETTINGS``),
+    or None for a session that has none (not from ``connect``)."""
+    return _small_batch_sessions.get(id(session))
+
+
+# A small batch's query on a warm server costs more to plan and to generate code for than to run: below
+# about 1,000 records of W2's events, interpreted expressions without whole-stage code generation or
+# adaptive execution cost 8-37% less of the server's CPU, from 2,000 more (docs/tuning.md). Each connected
+# session therefore has a sibling with these settings, on the same server.
+SMALL_BATCH_SETTINGS = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.adaptive.enabled": "false",
+}
+_small_batch_sessions: dict[int, SparkSession] = {}  # id(session) -> its small-batch session
+
+
+def _small_batch(session: SparkSession) -> SparkSession:
+    for key, value in SMALL_BATCH_SETTINGS.items():
+        session.conf.set(key, value)
+    return session
 
 
 def _close_client(session: SparkSession) -> None:
@@ -195,11 +229,13 @@ def _try_lock(path: Path) -> IO[str] | None:
     return handle
 
 
-def _reused_session(url: str, slot: IO[str]) -> SparkSession:
-    """The session of a locked ``slot`` (its id kept in the slot's file): a new one if the slot has
-    none yet or the server closed it (Spark Connect closes a session idle for an hour)."""
+def _reused_session(url: str, slot: IO[str], line: int) -> SparkSession:
+    """The session of a locked ``slot`` whose id is kept in ``line`` of the slot's file (the run's
+    session, then its small-batch session): a new one if the slot has none yet or the server closed it
+    (Spark Connect closes a session idle for an hour)."""
     slot.seek(0)
-    session_id = slot.read().strip()
+    ids = [*slot.read().splitlines(), "", ""][:2]
+    session_id = ids[line].strip()
     if session_id:
         session = _session(f"{url}/;session_id={session_id}")
         try:
@@ -209,10 +245,10 @@ def _reused_session(url: str, slot: IO[str]) -> SparkSession:
             _close_client(session)
             if "SESSION_CLOSED" not in str(exc):
                 raise
-    session_id = str(uuid.uuid4())
+    ids[line] = session_id = str(uuid.uuid4())
     slot.seek(0)
     slot.truncate()
-    slot.write(session_id)
+    slot.write("\n".join(ids))
     slot.flush()
     return _session(f"{url}/;session_id={session_id}")
 

@@ -9,7 +9,7 @@ from cdc_assets.core import decode_change_events, derive_layout, fold_batch
 from cdc_assets.core.envelope import undecodable_value, value_type
 from cdc_assets.core.layout import LayoutError
 from cdc_assets.demo.events import encode_key, envelope, postgres_source, sqlserver_source
-from cdc_assets.io.spark import spark_records
+from cdc_assets.io.spark import parsed_from_files
 
 SOURCE = postgres_source(100, 1_700_000_000_000, "inventory", "products")
 
@@ -125,24 +125,25 @@ def test_sqlserver_primary_key_change_in_one_batch_removes_the_old_key(hand_over
 
 
 @pytest.mark.parametrize("kind", ["postgresql", "sqlserver", "db2", "mysql", "oracle"])
-def test_the_decode_of_the_fast_hand_over_is_one_generated_stage(spark, capsys, kind):
+def test_the_decode_of_the_fast_hand_over_is_one_generated_stage(spark, capsys, tmp_path, kind):
     # from_json and higher-order functions have no generated code: one use of either in the decode
     # (the record key, PostgreSQL's sequence, an SQL Server LSN) kept the whole decode out of
     # whole-stage code generation, copying every row between the hand-over, the decode and the fold.
+    # Handed over to the run's session itself: a batch this small is folded on the small-batch session,
+    # which generates no code (``spark_server.SMALL_BATCH_SETTINGS``).
     key = encode_key({"id": 1})
     value = envelope("c", None, {"id": 1, "name": "x"}, {"ts_ms": 1}, 1)
     layout = derive_layout(kind, [key], [value])
     table = pa.table({"partition": pa.array([0], pa.int32()), "offset": pa.array([0], pa.int64()),
                       "key": pa.array([key], pa.binary()), "value": pa.array([value], pa.binary())})
-    with spark_records(spark, table, value_type(layout), exact=False) as frame:
-        events = decode_change_events(frame, layout)
-        spark.conf.set("spark.sql.adaptive.enabled", "false")  # so that the plan shows its code generation
-        capsys.readouterr()
-        try:
-            events.explain()
-            plan = capsys.readouterr().out
-        finally:
-            spark.conf.unset("spark.sql.adaptive.enabled")
+    events = decode_change_events(parsed_from_files(spark, table, value_type(layout), tmp_path, exact=False), layout)
+    spark.conf.set("spark.sql.adaptive.enabled", "false")  # so that the plan shows its code generation
+    capsys.readouterr()
+    try:
+        events.explain()
+        plan = capsys.readouterr().out
+    finally:
+        spark.conf.unset("spark.sql.adaptive.enabled")
     operators = [line.lstrip(" +-:") for line in plan.splitlines()
                  if line.lstrip(" +-:").startswith(("Project", "*(", "Filter"))]
     assert operators and all(op.startswith("*(1) ") for op in operators), plan

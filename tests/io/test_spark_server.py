@@ -2,21 +2,30 @@
 
 import contextlib
 import os
+import random
 import signal
 import time
+from dataclasses import replace
 
 import psutil
+import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from cdc_assets.io.spark import spark_config
+from benchmarks.many_tables import generate
+from cdc_assets.core import decode_change_events, derive_layout
+from cdc_assets.core.apply_modes import apply_mode
+from cdc_assets.core.envelope import value_type
+from cdc_assets.io.spark import SMALL_BATCH_RECORDS, parsed_from_files, spark_config, spark_records
 from cdc_assets.io.spark_server import (
+    SMALL_BATCH_SETTINGS,
     connect,
     disconnect,
     ensure_local_server,
     fingerprint,
     running_servers,
     server_dir,
+    small_batch_session,
 )
 
 
@@ -123,7 +132,8 @@ def test_a_run_finding_every_slot_taken_gets_a_session_of_its_own_released_at_it
             session = connect(url)
             held.append(session)
             port = url.rsplit(":", 1)[-1]
-            slot_ids = {path.read_text().strip() for path in server_dir().glob(f"session-{port}-*.lock")}
+            slot_ids = {line for path in server_dir().glob(f"session-{port}-*.lock")
+                        for line in path.read_text().split()}
             if session.session_id not in slot_ids:
                 break
             assert len(held) <= 8, "more slot sessions than slots"
@@ -182,3 +192,57 @@ def test_status_and_stop_keep_to_this_checkouts_servers_unless_all(tmp_path, mon
             process.kill()
             process.wait()
             listener.close()
+
+
+def _w2_records(events: int) -> pa.Table:
+    """A W2 table's change events (tombstones left out) as the pipeline hands them over."""
+    pairs = [pair for pair in generate(1, events, 1000, random.Random(3))[0] if pair[1] is not None]
+    return pa.table({"partition": pa.array([i % 3 for i in range(len(pairs))], pa.int32()),
+                     "offset": pa.array(range(len(pairs)), pa.int64()),
+                     "key": pa.array([k for k, _ in pairs], pa.binary()),
+                     "value": pa.array([v for _, v in pairs], pa.binary())})
+
+
+def _nothing_stored(keys, columns):
+    return None
+
+
+def test_small_batches_are_folded_on_a_session_without_generated_code_kept_with_the_slot(spark, tmp_path):
+    """A batch of fewer than SMALL_BATCH_RECORDS records is read, decoded and folded on the run's small-batch
+    session (same server, settings reset and set again for each run), a larger one on the run's session;
+    both fold a batch to the same rows."""
+    url = ensure_local_server(spark_config())
+    first = connect(url)
+    small = small_batch_session(first)
+    try:
+        assert small is not None and small.session_id != first.session_id
+        small.conf.set("spark.databricks.delta.write.txnVersion", "7")  # as if killed inside a commit
+        assert {key: small.conf.get(key) for key in SMALL_BATCH_SETTINGS} == SMALL_BATCH_SETTINGS
+        assert first.conf.get("spark.sql.codegen.wholeStage") == "true"
+        records = _w2_records(SMALL_BATCH_RECORDS)  # a fifth of them snapshot reads, then changes of every kind
+        assert records.num_rows >= SMALL_BATCH_RECORDS
+        layout = replace(derive_layout("postgresql", records["key"].to_pylist()[:100],
+                                       records["value"].to_pylist()[:100]), placeholder=None)
+        mode = apply_mode("scd1", "postgresql")
+        few = records.slice(0, SMALL_BATCH_RECORDS - 1)
+        with spark_records(first, few, value_type(layout)) as on_small, \
+                spark_records(first, records, value_type(layout)) as on_run:
+            assert on_small.sparkSession.session_id == small.session_id
+            assert on_run.sparkSession.session_id == first.session_id
+            folded_small, summary = mode.rows(decode_change_events(on_small, layout), layout, _nothing_stored)
+        assert summary.events == few.num_rows and folded_small.num_rows > 100
+        # The same small batch folded on the run's session (generated code) gives the same rows.
+        folded_run, same = mode.rows(decode_change_events(
+            parsed_from_files(first, few, value_type(layout), tmp_path), layout), layout, _nothing_stored)
+        assert same == summary
+        assert folded_small.sort_by("id").equals(folded_run.sort_by("id"))
+    finally:
+        disconnect(first)
+    second = connect(url)  # the next run takes the same slot: its small-batch session too, clean
+    try:
+        again = small_batch_session(second)
+        assert again is not None and again.session_id == small.session_id
+        assert again.conf.get("spark.databricks.delta.write.txnVersion", None) is None
+        assert {key: again.conf.get(key) for key in SMALL_BATCH_SETTINGS} == SMALL_BATCH_SETTINGS
+    finally:
+        disconnect(second)
