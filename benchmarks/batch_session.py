@@ -32,6 +32,7 @@ from benchmarks.measure import server_cpu
 from cdc_assets.core import decode_change_events, derive_layout
 from cdc_assets.core.apply_modes import apply_mode
 from cdc_assets.core.envelope import value_type
+from cdc_assets.core.layout import ChangeEventLayout
 from cdc_assets.io.spark import parsed_from_files, spark_config, without_schemas
 from cdc_assets.io.spark_server import (
     SERVER_DIR_ENV_VAR,
@@ -55,11 +56,17 @@ def w2_batch(events: int) -> pa.Table:
                      "value": without_schemas(values)})
 
 
+def w2_layout() -> ChangeEventLayout:
+    """The layout of W2's tables, derived from sampled events with their schemas (no placeholder tests: W2's
+    events carry none)."""
+    pairs = generate(1, 100, 1000, random.Random(3))[0]
+    return replace(derive_layout("postgresql", [k for k, v in pairs if v], [v for _, v in pairs if v]),
+                   placeholder=None)
+
+
 def folder(batch: pa.Table, scratch: Path) -> Callable[[SparkSession], pa.Table]:
     """A function that folds ``batch`` on a session, as the pipeline does, and returns the rows."""
-    pairs = generate(1, 100, 1000, random.Random(3))[0]  # the layout from sampled events with their schemas
-    layout = replace(derive_layout("postgresql", [k for k, v in pairs if v], [v for _, v in pairs if v]),
-                     placeholder=None)
+    layout = w2_layout()
     mode = apply_mode("scd1", "postgresql")
 
     def fold(session: SparkSession) -> pa.Table:

@@ -33,9 +33,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, cast
 
@@ -153,56 +155,69 @@ def connect(url: str) -> SparkSession:
             continue
         try:
             session = _reused_session(url, handle, 0)
-            small = _small_batch(_reused_session(url, handle, 1))
         except BaseException:
             handle.close()
             raise
-        _slots[id(session)] = handle
-        _small_batch_sessions[id(session)] = small
+        _connected[id(session)] = _Connection(url, handle)
         return session
     session = _session(url)
-    _small_batch_sessions[id(session)] = _small_batch(_session(url))
+    _connected[id(session)] = _Connection(url, None)
     return session
 
 
 def disconnect(session: SparkSession) -> None:
     """End ``session`` (from ``connect``) and its small-batch session: a slot's sessions stay on the
     server for the next run, its slot is freed; sessions of their own are released."""
-    handle = _slots.pop(id(session), None)
-    small = _small_batch_sessions.pop(id(session), None)
-    if handle is None:
-        for own in (session, small):
-            if own is not None:
-                own.stop()
+    connection = _connected.pop(id(session), None)
+    sessions = [session] if connection is None or connection.small is None else [session, connection.small]
+    if connection is None or connection.slot is None:
+        for own in sessions:
+            own.stop()
         return
-    for kept in (session, small):
-        if kept is not None:
-            _close_client(kept)
-    handle.close()  # frees the slot's lock
+    for kept in sessions:
+        _close_client(kept)
+    connection.slot.close()  # frees the slot's lock
 
 
 def small_batch_session(session: SparkSession) -> SparkSession | None:
-    """The session from ``connect`` that folds ``session``'s small batches (``SMALL_BATCH_SETTINGS``),
-    or None for a session that has none (not from ``connect``)."""
-    return _small_batch_sessions.get(id(session))
+    """The session that folds the small batches of ``session`` (from ``connect``): on the same server, with
+    ``SMALL_BATCH_SETTINGS``, made on first use (a slot's is kept with the slot, as the slot's session is);
+    None for a session not from ``connect``. Worker threads of one run ask at once: one of them makes it."""
+    connection = _connected.get(id(session))
+    if connection is None:
+        return None
+    with _small_batch_lock:
+        if connection.small is None:
+            small = _reused_session(connection.url, connection.slot, 1) if connection.slot else _session(connection.url)
+            for key, value in SMALL_BATCH_SETTINGS.items():
+                small.conf.set(key, value)
+            connection.small = small
+    return connection.small
 
 
 # A small batch's query on a warm server costs more to plan and to generate code for than to run: below
 # about 1,000 records of W2's events, interpreted expressions without whole-stage code generation or
 # adaptive execution cost 8-37% less of the server's CPU, from 2,000 more (docs/tuning.md). Each connected
-# session therefore has a sibling with these settings, on the same server.
+# session therefore gets a sibling with these settings, on the same server, when it first folds one.
 SMALL_BATCH_SETTINGS = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     "spark.sql.adaptive.enabled": "false",
 }
-_small_batch_sessions: dict[int, SparkSession] = {}  # id(session) -> its small-batch session
 
 
-def _small_batch(session: SparkSession) -> SparkSession:
-    for key, value in SMALL_BATCH_SETTINGS.items():
-        session.conf.set(key, value)
-    return session
+@dataclass
+class _Connection:
+    """A session from ``connect``: its server, its slot's locked file (None: a session of its own) and its
+    small-batch session, once made."""
+
+    url: str
+    slot: IO[str] | None
+    small: SparkSession | None = None
+
+
+_connected: dict[int, _Connection] = {}  # id(session) -> what ``connect`` made it with
+_small_batch_lock = threading.Lock()
 
 
 def _close_client(session: SparkSession) -> None:
@@ -214,7 +229,6 @@ def _close_client(session: SparkSession) -> None:
 # Sessions of a server that runs take turns on (``connect``): more runs at once than this get sessions
 # of their own.
 _SESSION_SLOTS = 8
-_slots: dict[int, IO[str]] = {}  # id(session) -> its slot's locked file
 
 
 def _try_lock(path: Path) -> IO[str] | None:

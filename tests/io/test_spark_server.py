@@ -2,18 +2,15 @@
 
 import contextlib
 import os
-import random
 import signal
 import time
-from dataclasses import replace
 
 import psutil
-import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
-from benchmarks.many_tables import generate
-from cdc_assets.core import decode_change_events, derive_layout
+from benchmarks.batch_session import w2_batch, w2_layout
+from cdc_assets.core import decode_change_events
 from cdc_assets.core.apply_modes import apply_mode
 from cdc_assets.core.envelope import value_type
 from cdc_assets.io.spark import SMALL_BATCH_RECORDS, parsed_from_files, spark_config, spark_records
@@ -194,15 +191,6 @@ def test_status_and_stop_keep_to_this_checkouts_servers_unless_all(tmp_path, mon
             listener.close()
 
 
-def _w2_records(events: int) -> pa.Table:
-    """A W2 table's change events (tombstones left out) as the pipeline hands them over."""
-    pairs = [pair for pair in generate(1, events, 1000, random.Random(3))[0] if pair[1] is not None]
-    return pa.table({"partition": pa.array([i % 3 for i in range(len(pairs))], pa.int32()),
-                     "offset": pa.array(range(len(pairs)), pa.int64()),
-                     "key": pa.array([k for k, _ in pairs], pa.binary()),
-                     "value": pa.array([v for _, v in pairs], pa.binary())})
-
-
 def _nothing_stored(keys, columns):
     return None
 
@@ -219,10 +207,9 @@ def test_small_batches_are_folded_on_a_session_without_generated_code_kept_with_
         small.conf.set("spark.databricks.delta.write.txnVersion", "7")  # as if killed inside a commit
         assert {key: small.conf.get(key) for key in SMALL_BATCH_SETTINGS} == SMALL_BATCH_SETTINGS
         assert first.conf.get("spark.sql.codegen.wholeStage") == "true"
-        records = _w2_records(SMALL_BATCH_RECORDS)  # a fifth of them snapshot reads, then changes of every kind
+        records = w2_batch(SMALL_BATCH_RECORDS)  # a fifth of them snapshot reads, then changes of every kind
         assert records.num_rows >= SMALL_BATCH_RECORDS
-        layout = replace(derive_layout("postgresql", records["key"].to_pylist()[:100],
-                                       records["value"].to_pylist()[:100]), placeholder=None)
+        layout = w2_layout()
         mode = apply_mode("scd1", "postgresql")
         few = records.slice(0, SMALL_BATCH_RECORDS - 1)
         with spark_records(first, few, value_type(layout)) as on_small, \
