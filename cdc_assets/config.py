@@ -348,7 +348,7 @@ class PipelineConfig(_Model):
     compaction: CompactionConfig = Field(default_factory=CompactionConfig)
     max_capture_lag_s: float = Field(default=3600.0, gt=0, description="default bound of the capture-lag check")
     checks_after_merge: ChecksAfterMerge = Field(default="blocking", description=(
-        "the checks a merge run evaluates: 'blocking' (unique_keys, no_null_keys; the warnings run with the "
+        "the checks a merge run evaluates: 'blocking' (primary_key; the warnings run with the "
         "freshness checks on freshness_schedule) or 'all'"))
     connectors: list[ConnectorConfig]
 

@@ -95,7 +95,7 @@ def test_a_broken_config_is_a_readable_error_at_load(tmp_path):
     assert f"{bad}:line 14: connectors.1.kind" in load.stderr
 
 
-CHECK_NAMES = ("unique_keys", "no_null_keys", "capture_lag", "no_dead_letters", "schema_matches_source")
+CHECK_NAMES = ("primary_key", "capture_lag", "no_dead_letters", "schema_matches_source")
 
 
 def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
@@ -127,10 +127,10 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
         evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
         # The merge run evaluates the blocking key checks; the others run on the freshness schedule.
         assert sorted(evaluations) == sorted((table, name) for table in ("products", "customers", "orders")
-                                             for name in ("unique_keys", "no_null_keys"))
+                                             for name in ("primary_key",))
         assert batch_lines(instance, result.run_id) == []  # one batch a table: its materialization says it all
-        assert evaluations[("products", "unique_keys")].passed
-        assert evaluations[("products", "unique_keys")].metadata["rows"].value == 10
+        assert evaluations[("products", "primary_key")].passed
+        assert evaluations[("products", "primary_key")].metadata["rows"].value == 10
         # Each targets the materialization its run made (the UI shows them current).
         latest = instance.fetch_materializations(products, limit=1).records[0]
         assert latest.run_id == result.run_id
@@ -158,7 +158,7 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
         duplicate = DeltaTable(path).to_pyarrow_table().slice(0, 1)
         write_deltalake(path, pa.Table.from_batches(duplicate.to_batches(), duplicate.schema), mode="append")
         check = materialize([*defs.assets, *defs.asset_checks], resources=defs.resources, instance=instance,
-                            selection=AssetSelection.checks(AssetCheckKey(products, "unique_keys")),
+                            selection=AssetSelection.checks(AssetCheckKey(products, "primary_key")),
                             raise_on_error=False)
         [evaluation] = check.get_asset_check_evaluations()
         assert not evaluation.passed and evaluation.metadata["duplicate_keys"].value == 1
@@ -229,7 +229,7 @@ def test_a_table_that_fails_to_merge_stops_neither_the_other_tables_of_its_conne
     assert not result.success
     assert {e.asset_key for e in result.get_asset_materialization_events()} == {KEYS[0]}
     evaluated = {(e.asset_key, e.check_name) for e in result.get_asset_check_evaluations()}
-    assert {(KEYS[0], "unique_keys"), (KEYS[0], "no_null_keys")} <= evaluated
+    assert (KEYS[0], "primary_key") in evaluated
     assert not any(key == broken_key for key, _ in evaluated)
     [failure] = [e for e in result.all_events if e.is_step_failure]
     error = failure.step_failure_data.error.cause  # the table's own error, under Dagster's step error
@@ -283,7 +283,7 @@ def test_a_subclassed_translator_renames_assets_checks_sensor_requests_and_runs_
         [merge] = tick("db2_transaction_sensor").run_requests
         assert merge.asset_selection == [orders]
         # Each request names the checks its merge run evaluates (else Dagster adds the scheduled ones' ops too).
-        key_checks = [AssetCheckKey(orders, "unique_keys"), AssetCheckKey(orders, "no_null_keys")]
+        key_checks = [AssetCheckKey(orders, "primary_key")]
         assert merge.asset_check_keys == key_checks
         backfills = tick("snapshot_backfill_sensor").run_requests
         assert [(r.asset_selection, r.asset_check_keys) for r in backfills if r.asset_selection] == [
@@ -334,7 +334,7 @@ def test_tables_merged_side_by_side_commit_their_own_offsets_and_dead_letters(sp
     config = parse_config(SIDE_BY_SIDE.format(
         bootstrap=broker.bootstrap_servers, root=tmp_path, writer=writer.name, prefix=prefix, tables=tables))
     with DagsterInstance.ephemeral() as instance:
-        # Its blocking unique_keys checks fail the run if a table got a key twice.
+        # Its blocking primary_key checks fail the run if a table got a key twice.
         result = build_definitions(config).resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
         assert result.success
     # Each table's checks (all of them after the merge, as configured) see its own dead letter (the run
@@ -344,7 +344,7 @@ def test_tables_merged_side_by_side_commit_their_own_offsets_and_dead_letters(sp
     for index, name in enumerate(names):
         assert evaluations[(name, "no_dead_letters")].metadata["dead_lettered_events"].value == 1, name
         assert not evaluations[(name, "no_dead_letters")].passed
-        assert evaluations[(name, "unique_keys")].metadata["rows"].value == 4 + 2 * index
+        assert evaluations[(name, "primary_key")].metadata["rows"].value == 4 + 2 * index
         assert materialized[name]["key_columns"].value == ["id"]
     for index, table in enumerate(resolve_tables(config)):
         progress = writer.read_progress(table.target, table.app_id)

@@ -113,7 +113,7 @@ def test_the_tour_and_the_first_hour_run_as_written(tmp_path):
         assert checks.returncode == 0, checks.stderr[-3000:]
         evaluations = _latest_check_evaluations(state / "dagster_home")
         names = {name for _, name in evaluations}
-        assert names == {"unique_keys", "no_null_keys", "capture_lag", "no_dead_letters", "schema_matches_source",
+        assert names == {"primary_key", "capture_lag", "no_dead_letters", "schema_matches_source",
                          "freshness"}
         assert len(evaluations) == 3 * len(names)
         assert {check: e.description for check, e in evaluations.items() if not e.passed} == {}

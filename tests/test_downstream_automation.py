@@ -69,7 +69,7 @@ def test_a_downstream_asset_waits_for_its_tables_blocking_checks(tmp_path: Path,
     defs = Definitions.merge(documented, Definitions(assets=[eager_report]))
     graph = defs.resolve_asset_graph()
     blocking = {key.name for key in graph.get_check_keys_for_assets({TABLE}) if graph.get_check_spec(key).blocking}
-    assert blocking == {"unique_keys", "no_null_keys"}
+    assert blocking == {"primary_key"}
     report, control = AssetKey("customer_report"), eager_report.key
     with DagsterInstance.ephemeral() as instance:
         def tick(cursor=None):
@@ -85,7 +85,7 @@ def test_a_downstream_asset_waits_for_its_tables_blocking_checks(tmp_path: Path,
 
         requested, cursor = tick()
         assert requested == set()
-        merged(instance, {"unique_keys": False, "no_null_keys": True})
+        merged(instance, {"primary_key": False})
         requested, cursor = tick(cursor)
         assert requested == {control}  # a duplicate key: the report waits
         merged(instance, dict.fromkeys(blocking, True))

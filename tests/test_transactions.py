@@ -178,7 +178,7 @@ def test_sensor_batches_transactions_into_one_run_and_never_twice(broker, tmp_pa
         assert request.run_key == f"transactions:{tx_topic}:0:1-39"
         assert sorted(k.path[-1] for k in request.asset_selection) == ["a", "b"]
         assert sorted((k.asset_key.path[-1], k.name) for k in request.asset_check_keys) == [
-            (table, name) for table in ("a", "b") for name in ("no_null_keys", "unique_keys")]
+            ("a", "primary_key"), ("b", "primary_key")]
         assert json.loads(first.cursor) == {"offsets": {"0": 41}, "open": ["576"]}
         again = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
         assert again.run_requests == []

@@ -17,7 +17,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from cdc_assets.core.envelope import explain_bad_value, record_as_read
 from cdc_assets.core.fold import BadEvent
-from cdc_assets.io.delta import DeltaTarget
+from cdc_assets.io.delta import NEW_TABLE_PROPERTIES, DeltaTarget
 from cdc_assets.io.storage import delta_rs_options
 
 DEAD_LETTER_SCHEMA = pa.schema([
@@ -69,7 +69,7 @@ def write_dead_letters(target: DeltaTarget, rows: pa.Table) -> None:
     options = delta_rs_options(target.storage_options)
     with _WRITING:
         if not DeltaTable.is_deltatable(target.path, storage_options=options):
-            write_deltalake(target.path, rows.slice(0, 0), storage_options=options)
+            write_deltalake(target.path, rows.slice(0, 0), configuration=NEW_TABLE_PROPERTIES, storage_options=options)
         (
             DeltaTable(target.path, storage_options=options)
             .merge(rows, 't.topic = s.topic AND t."partition" = s."partition" AND t."offset" = s."offset"',

@@ -18,7 +18,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 from pyspark.sql import types as T
 
-from cdc_assets.io.delta import DeltaTarget, open_table
+from cdc_assets.io.delta import NEW_TABLE_PROPERTIES, DeltaTarget, open_table
 from cdc_assets.io.storage import delta_rs_options
 
 REGISTRY_SCHEMA = pa.schema([
@@ -67,7 +67,7 @@ def record_change(path: str, storage_options: Mapping[str, str], *, connector: s
            "columns": columns.json(), "source_position": source_position, "topic": topic, "partition": partition,
            "offset": offset, "applied_at": datetime.now(timezone.utc), "run_id": run_id}
     write_deltalake(path, pa.Table.from_pylist([row], schema=REGISTRY_SCHEMA), mode="append",
-                    storage_options=delta_rs_options(storage_options))
+                    configuration=NEW_TABLE_PROPERTIES, storage_options=delta_rs_options(storage_options))
 
 
 def change_order(row: Mapping[str, Any]) -> tuple:

@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlsplit
 import pyarrow as pa
 from confluent_kafka import KafkaException, Producer
 
+from cdc_assets.io.delta import NEW_TABLE_PROPERTIES
 from cdc_assets.io.kafka_source import LIBRDKAFKA_LOGGER
 from cdc_assets.io.storage import delta_rs_options
 
@@ -301,7 +302,7 @@ def audit_signal(audit_path: str, storage_options: Mapping[str, str], signal: Sn
            "type": signal.type, "payload": json.dumps({"type": signal.type, "data": signal.data()}),
            "run_id": run_id}
     write_deltalake(audit_path, pa.Table.from_pylist([row], schema=AUDIT_SCHEMA), mode="append",
-                    storage_options=delta_rs_options(storage_options))
+                    configuration=NEW_TABLE_PROPERTIES, storage_options=delta_rs_options(storage_options))
     return row
 
 

@@ -34,6 +34,7 @@ from cdc_assets.core.transactions import (
 from cdc_assets.io.avro import SchemaRegistrySettings, record_decoder
 from cdc_assets.io.delta import (
     METADATA_KEY,
+    NEW_TABLE_PROPERTIES,
     CommitRequest,
     DeltaRsWriter,
     DeltaTarget,
@@ -171,6 +172,7 @@ def _ingest_once(source: KafkaSource, log: TransactionLog, max_records: int) -> 
     commit = CommitRequest(log.app_id, sum(raw.end_offsets.values()), log.topic, raw.end_offsets)
     # mode="ignore": a concurrent ingest may create the log first.
     table = DeltaTable.create(log.target.path, schema=LOG_SCHEMA, mode="ignore",
+                              configuration=dict(NEW_TABLE_PROPERTIES),
                               storage_options=delta_rs_options(log.target.storage_options))
     if commit.applied_by(table.transaction_version(commit.app_id)):
         return 0
@@ -247,7 +249,7 @@ def update_watermark(connector: str, log: TransactionLog, tables: Mapping[str, D
            if transaction and transaction[1] else None,
            "versions": json.dumps(versions, sort_keys=True), "recorded_at": datetime.now(timezone.utc)}
     write_deltalake(watermarks.path, pa.Table.from_pylist([row], schema=WATERMARK_SCHEMA), mode="append",
-                    storage_options=delta_rs_options(watermarks.storage_options))
+                    configuration=NEW_TABLE_PROPERTIES, storage_options=delta_rs_options(watermarks.storage_options))
     return row
 
 

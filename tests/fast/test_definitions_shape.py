@@ -7,11 +7,12 @@ import collections
 from dagster import AssetKey
 
 from cdc_assets.catalog import resolve_tables
-from cdc_assets.checks import merge_run_checks
+from cdc_assets.checks import _primary_key, merge_run_checks
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import TABLES_PER_OP, build_definitions, op_groups
+from cdc_assets.io.delta import KeyReport
 
-POST_MERGE = {"unique_keys", "no_null_keys", "capture_lag", "no_dead_letters", "schema_matches_source"}
+POST_MERGE = {"primary_key", "capture_lag", "no_dead_letters", "schema_matches_source"}
 
 
 def config(root, tables: int) -> str:
@@ -53,7 +54,7 @@ def test_every_table_has_its_asset_and_checks_in_a_few_ops_per_connector(tmp_pat
     assert merge_op.node_def.pool == "cdc_connector_inventory"
     # By default a merge run evaluates the blocking key checks; the warnings run on the freshness schedule.
     merged = {spec.name for spec in merge_op.check_specs if spec.key.asset_key == table}
-    assert merged == {"unique_keys", "no_null_keys"}
+    assert merged == {"primary_key"}
     assert all(spec.blocking for spec in merge_op.check_specs)
 
     # Three ops per connector (merge, freshness, the scheduled table checks), with 50 tables or one; the
@@ -64,8 +65,7 @@ def test_every_table_has_its_asset_and_checks_in_a_few_ops_per_connector(tmp_pat
     # A run request for some tables names their checks: else Dagster adds every check of theirs, in other ops.
     tables = {key: next(t for t in resolve_tables(parse_config(config(tmp_path, 50))) if t.name == name)
               for key, name in ((table, "inventory.t7"), (orders, "dbo.orders"))}
-    assert {(key.asset_key, key.name) for key in merge_run_checks(tables)} == {
-        (key, name) for key in tables for name in ("unique_keys", "no_null_keys")}
+    assert {(key.asset_key, key.name) for key in merge_run_checks(tables)} == {(key, "primary_key") for key in tables}
     subset = merge_job.get_subset(asset_selection=set(tables), asset_check_selection=set(merge_run_checks(tables)))
     assert sorted(node.name for node in subset.graph.nodes) == ["inventory_merge", "sales_merge"]
     assert merge_job.get_subset(asset_selection={table}).graph.nodes != subset.graph.nodes  # what it avoids
@@ -108,3 +108,15 @@ def test_a_connector_of_many_tables_spreads_over_ops_of_a_bounded_size(tmp_path)
     groups = op_groups([*tables[:4], *consistent], size=3)
     assert [(suffix, [t.name for t in group]) for suffix, group in groups] == [
         ("", ["dbo.orders", "inventory.t0", "inventory.t1"]), ("_2", ["inventory.t2", "inventory.t3"])]
+
+
+def test_the_primary_key_check_fails_on_a_duplicate_or_a_null_key_and_says_which() -> None:
+    key = AssetKey("t")
+    assert _primary_key(key, KeyReport(rows=5, duplicate_keys=0, null_keys=0)).passed
+    assert _primary_key(key, None).passed  # no batch applied yet
+    nulls = _primary_key(key, KeyReport(rows=5, duplicate_keys=0, null_keys=2))
+    assert not nulls.passed and nulls.description == "2 row(s) have a null key"
+    both = _primary_key(key, KeyReport(rows=5, duplicate_keys=1, null_keys=2))
+    assert not both.passed and both.description == "1 key(s) appear more than once; 2 row(s) have a null key"
+    metadata = {name: value.value for name, value in both.metadata.items()}
+    assert metadata == {"rows": 5, "duplicate_keys": 1, "null_keys": 2}

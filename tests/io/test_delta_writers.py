@@ -94,6 +94,28 @@ def test_commit_metadata_is_the_documented_json(spark, writer, tmp_path):
                        "key_columns": []}}
 
 
+def test_a_writer_sees_the_commits_made_since_it_loaded_the_table(spark, writer, tmp_path):
+    target = DeltaTarget(str(tmp_path / "t"))
+    writer.merge(target, batch(spark, (1, "a", "c", "01")), ["My Id"], commit(1, {0: 1}), SCD1)
+    assert writer.read_progress(target, "cdc_assets:t").offsets == {0: 1}
+    other = select_writer(writer.name, spark)  # another run's
+    other.merge(target, batch(spark, (2, "b", "c", "02")), ["My Id"], commit(2, {0: 2}), SCD1)
+    assert writer.read_progress(target, "cdc_assets:t").offsets == {0: 2}
+    assert writer.merge(target, batch(spark, (2, "b", "c", "02")), ["My Id"], commit(2, {0: 2}), SCD1).already_applied
+    assert contents(spark, writer, target.path) == [(1, "a", "01"), (2, "b", "02")]
+
+
+def test_tables_are_checkpointed_every_10_commits(spark, writer, tmp_path):
+    """delta-spark's default interval, and the one delta-rs gets (``NEW_TABLE_PROPERTIES``; its own is 100): a
+    load of the table replays at most 10 JSON commits."""
+    target = DeltaTarget(str(tmp_path / "t"))
+    for n in range(1, 13):
+        writer.merge(target, batch(spark, (n, "a", "c", f"{n:02d}")), ["My Id"], commit(n, {0: n}), SCD1)
+    last = json.loads((tmp_path / "t" / "_delta_log" / "_last_checkpoint").read_text())
+    assert 9 <= last["version"] <= 12  # delta-rs checkpoints its tenth commit, delta-spark version 10
+    assert writer.read_progress(target, "cdc_assets:t").offsets == {0: 12}
+
+
 def test_auto_takes_delta_rs_on_local_spark_even_with_delta(spark):
     from cdc_assets.io.spark import has_delta
 
