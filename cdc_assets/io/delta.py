@@ -301,7 +301,7 @@ class DeltaRsWriter:
 
     def _create(self, target: DeltaTarget, schema: pa.Schema, mode: Literal["error", "ignore"]) -> DeltaTable:
         """Create the table at ``target`` with ``NEW_TABLE_PROPERTIES`` (``mode`` as ``DeltaTable.create``'s)."""
-        table = DeltaTable.create(target.path, schema=schema, mode=mode, configuration=dict(NEW_TABLE_PROPERTIES),
+        table = DeltaTable.create(target.path, schema=schema, mode=mode, configuration=NEW_TABLE_PROPERTIES,
                                   storage_options=delta_rs_options(target.storage_options))
         self._loaded[target.path] = table
         return table

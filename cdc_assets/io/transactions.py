@@ -172,7 +172,7 @@ def _ingest_once(source: KafkaSource, log: TransactionLog, max_records: int) -> 
     commit = CommitRequest(log.app_id, sum(raw.end_offsets.values()), log.topic, raw.end_offsets)
     # mode="ignore": a concurrent ingest may create the log first.
     table = DeltaTable.create(log.target.path, schema=LOG_SCHEMA, mode="ignore",
-                              configuration=dict(NEW_TABLE_PROPERTIES),
+                              configuration=NEW_TABLE_PROPERTIES,
                               storage_options=delta_rs_options(log.target.storage_options))
     if commit.applied_by(table.transaction_version(commit.app_id)):
         return 0
