@@ -38,7 +38,7 @@ from cdc_assets.checks import (
     selected_check_names,
 )
 from cdc_assets.config import BatchLimits
-from cdc_assets.io.delta import DeltaTarget
+from cdc_assets.io.delta import DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.pipeline import BatchReport
@@ -202,7 +202,7 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                 # As results, not evaluation events: Dagster then counts each selected check's output as
                 # yielded (else every run logs "did not yield or return expected outputs").
                 yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
-                                                 materialized)
+                                                 materialized, merged.writer if key in chosen else None)
         if len(failures) == 1:
             raise failures[0][1]
         if failures:
@@ -233,11 +233,13 @@ class MergeFailed(Exception):
 
 @dataclass
 class TableMerge:
-    """One table's merge in a run: its materialization, or the error that stopped it; and its log lines."""
+    """One table's merge in a run: its materialization, or the error that stopped it; its log lines; and the
+    writer that merged it, whose loaded table the blocking key check reads again (no second load)."""
 
     result: MaterializeResult | None = None
     error: Exception | None = None
     log: list[str] = field(default_factory=list)
+    writer: DeltaWriter | None = None
 
 
 def merge_concurrently(tables: Mapping[AssetKey, CapturedTable], limits: BatchLimits,
@@ -270,9 +272,10 @@ def merge_concurrently(tables: Mapping[AssetKey, CapturedTable], limits: BatchLi
                 except IndexError:
                     return
                 for key in unit:
-                    merged = TableMerge()
+                    writer = delta.writer_for(session)
+                    merged = TableMerge(writer=writer)
                     try:
-                        merged.result = merge_table(tables[key], limits, peers, config, session, source, delta,
+                        merged.result = merge_table(tables[key], limits, peers, config, session, source, writer,
                                                     key, merged.log.append)
                     except Exception as error:
                         merged.error = error
@@ -292,13 +295,12 @@ def merge_concurrently(tables: Mapping[AssetKey, CapturedTable], limits: BatchLi
 
 
 def merge_table(table: CapturedTable, limits: BatchLimits, peers: Mapping[str, DeltaTarget] | None,
-                config: MergeConfig, session: SparkSession, source: KafkaSource, delta: DeltaResource,
+                config: MergeConfig, session: SparkSession, source: KafkaSource, writer: DeltaWriter,
                 key: AssetKey, log: Callable[[str], None]) -> MaterializeResult:
-    """One table's merge in a run: its pending micro-batches applied, and what they did; ``log`` is told
-    each batch."""
+    """One table's merge in a run, by ``writer``: its pending micro-batches applied, and what they did;
+    ``log`` is told each batch."""
     batch_limits = limits.model_copy(update={"max_records": config.max_records_per_batch,
                                              "max_batches_per_run": config.max_batches_per_run})
-    writer = delta.writer_for(session)
     # Until caught up, or nothing could be applied (a transaction waits): the next run goes on.
     reports = apply_pending(table, kafka=source, spark=session, writer=writer, limits=batch_limits,
                             on_batch=lambda report: log(f"{table.topic}: {report.events_read} events read, "

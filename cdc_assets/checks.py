@@ -35,7 +35,7 @@ from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.io.avro import record_decoder
-from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget, KeyReport, open_table
+from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget, DeltaWriter, KeyReport, open_table
 from cdc_assets.io.freshness import TableFreshness, TopicProbe, freshness_verdict
 from cdc_assets.io.kafka_source import SourceError
 from cdc_assets.io.registry import RegistryEntry, read_registry
@@ -65,11 +65,9 @@ def _not_evaluated(key: AssetKey, check_name: str, why: str) -> AssetCheckResult
                             description=why, metadata={"evaluated": False})
 
 
-def _key_report(table: CapturedTable, delta: DeltaResource, spark: SparkResource,
-                merged_keys: Sequence[str]) -> KeyReport | None:
+def _key_report(table: CapturedTable, writer: DeltaWriter, merged_keys: Sequence[str]) -> KeyReport | None:
     """Key statistics of the table; its key columns are the configured ones, else those this step's merge
     recorded (``merged_keys``) or, if it applied nothing, its last batch commit (taken from the record keys)."""
-    writer = delta.writer_for_schema_changes(spark)
     keys = table.key_columns or tuple(merged_keys)
     if not keys:
         progress = writer.read_progress(table.target, table.app_id)
@@ -207,10 +205,12 @@ class RunReads:
 
 def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str], instance: DagsterInstance,
                           delta: DeltaResource, spark: SparkResource, reads: RunReads,
-                          materialized: MaterializeResult | None = None) -> Iterator[AssetCheckResult]:
+                          materialized: MaterializeResult | None = None, merged_by: DeltaWriter | None = None
+                          ) -> Iterator[AssetCheckResult]:
     """The results of the ``selected`` checks (names) of ``table`` among ``table_check_specs``;
     ``reads``: the op run's shared reads; ``materialized``: the table's materialization in this step, if
-    it merged (else its latest is read from ``instance``)."""
+    it merged (else its latest is read from ``instance``), and ``merged_by`` the writer that merged it,
+    whose loaded table the key check reads (else the writer of ``delta`` loads it)."""
     merged = _plain_metadata(materialized)
     latest = None if materialized is not None else instance.get_latest_materialization_event(key)
     if materialized is None and latest is None:
@@ -219,7 +219,8 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
             yield _not_evaluated(key, name, NOT_MATERIALIZED.format(name=table.name))
         return
     if KEY_CHECK in selected:
-        yield _primary_key(key, _key_report(table, delta, spark, merged.get("key_columns") or ()))
+        writer = merged_by or delta.writer_for_schema_changes(spark)
+        yield _primary_key(key, _key_report(table, writer, merged.get("key_columns") or ()))
     last: dict[str, Any] = merged  # the metadata of the table's latest materialization
     if latest is not None and latest.asset_materialization is not None:
         last = {name: value.value for name, value in latest.asset_materialization.metadata.items()}

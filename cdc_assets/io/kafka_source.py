@@ -13,11 +13,12 @@ cannot fill a batch while the others wait.
 
 from __future__ import annotations
 
+import collections
 import difflib
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
@@ -112,6 +113,24 @@ class RawBatch:
         return replace(self, records=self.records.schema.empty_table())
 
 
+def _continuing(end_offsets: Mapping[int, int], pieces: Sequence[RawBatch | None]) -> RawBatch | None:
+    """The records read past a batch that ends at ``end_offsets``, for the next batch to start with: the
+    ``pieces`` (records past a cut, records past the bounds) that continue it, each from where the one
+    before ends (None: none). The next batch takes what its bounds allow of them and carries the rest on."""
+    carried: RawBatch | None = None
+    at = dict(end_offsets)
+    for piece in pieces:
+        if piece is None:
+            continue
+        if piece.start_offsets != at:
+            break
+        carried = piece if carried is None else replace(
+            carried, records=pa.concat_tables([carried.records, piece.records]), end_offsets=piece.end_offsets,
+            records_read=carried.records_read + piece.records_read, bytes_read=carried.bytes_read + piece.bytes_read)
+        at = dict(piece.end_offsets)
+    return carried
+
+
 # Given a batch read, the end offsets its reader keeps it to (None: all of it): ``KafkaSource.read_batch``.
 Cut = Callable[[RawBatch], Mapping[int, int] | None]
 # Given a topic and records as read (``RAW_SCHEMA``), the records in the JSON converter's form (``io.avro``).
@@ -160,7 +179,7 @@ class _Shares:
 
     def records_allowed(self, partition: int) -> int:
         """Records the partition may still take in this round."""
-        return self._record_share[partition] - self._records[partition]
+        return max(0, self._record_share[partition] - self._records[partition])
 
     def takes(self, partition: int) -> bool:
         """Whether the partition may take its next record (the one that crosses its byte share included)."""
@@ -172,27 +191,23 @@ class _Shares:
         taking = [p for p in below if self.takes(p)]
         if taking:
             return taking
-        # The records left split exactly, the lowest partitions taking one more: which partition gets the odd
-        # record does not hang on which one librdkafka hands out first.
-        records, odd = divmod(self.records_left, len(below))
+        # The records the partitions below may hold in all, levelled: one that holds more than its even part
+        # already (records carried from the batch before) takes none, the others split the rest exactly, the
+        # lowest partitions taking one more: which gets the odd record does not hang on librdkafka's order.
+        levelled = sorted(below)
+        total = self.records_left + sum(self._records[p] for p in levelled)
+        while any(self._records[p] * len(levelled) > total for p in levelled):
+            over = [p for p in levelled if self._records[p] * len(levelled) > total]
+            total -= sum(self._records[p] for p in over)
+            levelled = [p for p in levelled if p not in over]
+        records, odd = divmod(total, len(levelled))
         size = -(-(self.max_bytes - self.size) // len(below))
-        for rank, partition in enumerate(sorted(below)):
-            self._record_share[partition] = self._records[partition] + records + (rank < odd)
+        for partition in below:
+            self._record_share[partition] = self._records[partition]
             self._byte_share[partition] = self._bytes[partition] + size
+        for rank, partition in enumerate(levelled):
+            self._record_share[partition] = records + (rank < odd)
         return list(below)
-
-    def carry(self, records: pa.Table) -> None:
-        """Count records the batch holds already (``RAW_SCHEMA``), each in its partition's share."""
-        sizes = pc.add(pc.fill_null(pc.binary_length(records["key"]), 0),
-                       pc.fill_null(pc.binary_length(records["value"]), 0))
-        for partition in pc.unique(records["partition"]).to_pylist():
-            mine = pc.equal(records["partition"], partition)
-            count, size = pc.sum(mine).as_py() or 0, pc.sum(pc.filter(sizes, mine)).as_py() or 0
-            self.count += count
-            self.size += size
-            if partition in self._records:
-                self._records[partition] += count
-                self._bytes[partition] += size
 
     def took(self, partition: int, size: int) -> None:
         """Count a record of ``size`` bytes the partition took."""
@@ -220,7 +235,10 @@ class KafkaSource:
         self._assigned_at: dict[int, int] = {}
         self._reader: ThreadPoolExecutor | None = None
         # The batch being read ahead: what was asked for (topic, start offsets, limits) and its read.
-        self._ahead: tuple[tuple, Future[RawBatch]] | None = None
+        self._ahead: tuple[tuple, Future[tuple[RawBatch, RawBatch | None]]] | None = None
+        # The records the last batch read past its end, not read ahead: (topic, bounds, decode) and the records,
+        # which a read that starts where they do (the same table's next batch) takes instead of fetching them.
+        self._past: tuple[tuple, RawBatch] | None = None
 
     def _retrying(self, action: Callable[[], T], what: str) -> T:
         """Run ``action``, retrying Kafka errors and timeouts; then a clear ``SourceError``. Not retried: an
@@ -348,49 +366,64 @@ class KafkaSource:
         """
         bounds = dict(until) if until else None
         request = (topic, dict(start_offsets) if start_offsets else None, max_records, max_bytes, bounds, decode)
-        batch = self._take_ahead(request)
-        if batch is None:
-            batch = self._read(topic, start_offsets, max_records, max_bytes, poll_timeout_s, bounds, decode=decode)
-        past_cut: RawBatch | None = None
+        taken = self._take_ahead(request)
+        if taken is None:
+            taken = self._read(topic, start_offsets, max_records, max_bytes, poll_timeout_s, bounds,
+                               self._carried((topic, bounds, decode), start_offsets), decode)
+        batch, past = taken  # past: records read past the batch, which the next one starts with
         if cut is not None:
-            batch, past_cut = self._cut(batch, cut, max_records, max_bytes, poll_timeout_s, bounds, decode)
+            batch, past = self._cut(batch, past, cut, max_records, max_bytes, poll_timeout_s, bounds, decode)
         if read_ahead and not batch.caught_up:
             following = (topic, dict(batch.end_offsets), max_records, max_bytes, bounds, decode)
             if self._reader is None:
                 self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-read-ahead")
             self._ahead = (following, self._reader.submit(self._read, topic, batch.end_offsets, max_records,
-                                                          max_bytes, poll_timeout_s, bounds, past_cut, decode))
+                                                          max_bytes, poll_timeout_s, bounds, past, decode))
+        elif past is not None:
+            self._past = ((topic, bounds, decode), past)
         return batch
 
-    def _cut(self, batch: RawBatch, cut: Cut, max_records: int, max_bytes: int, poll_timeout_s: float,
-             until: Mapping[int, int] | None, decode: Decode | None = None) -> tuple[RawBatch, RawBatch | None]:
-        """``batch`` ended where ``cut`` says (``read_batch``), and the records past the cut (None: none)."""
+    def _carried(self, read: tuple, start_offsets: Mapping[int, int] | None) -> RawBatch | None:
+        """The records the last batch read past its end, if a read of ``read`` (topic, bounds, decode) from
+        ``start_offsets`` starts with them; let go either way."""
+        held, self._past = self._past, None
+        if held is None or held[0] != read or held[1].start_offsets != dict(start_offsets or {}):
+            return None
+        return held[1]
+
+    def _cut(self, batch: RawBatch, past: RawBatch | None, cut: Cut, max_records: int, max_bytes: int,
+             poll_timeout_s: float, until: Mapping[int, int] | None, decode: Decode | None = None
+             ) -> tuple[RawBatch, RawBatch | None]:
+        """``batch`` ended where ``cut`` says (``read_batch``), and the records read past it (None: none);
+        ``past``: those read past ``batch`` already."""
         while True:
             asked = cut(batch)
             ends = {p: (asked or {}).get(p, end) for p, end in batch.end_offsets.items()}
             if ends == batch.end_offsets:
-                return batch, None
+                return batch, past
             if ends != batch.start_offsets:
-                return _split(batch, ends)
+                kept, rest = _split(batch, ends)
+                return kept, _continuing(ends, (rest, past))
             max_records, max_bytes = 2 * max_records, 2 * max_bytes
-            further = self._read(batch.topic, batch.start_offsets, max_records, max_bytes, poll_timeout_s, until,
-                                 batch, decode)
+            further, past = self._read(batch.topic, batch.start_offsets, max_records, max_bytes, poll_timeout_s,
+                                       until, _continuing(batch.start_offsets, (batch, past)), decode)
             if further.end_offsets == batch.end_offsets:
-                return batch, None  # nothing more to read: whole
+                return batch, past  # nothing more to read: whole
             batch = replace(further, timings={k: batch.timings.get(k, 0.0) + further.timings.get(k, 0.0)
                                               for k in {*batch.timings, *further.timings}})
 
-    def _take_ahead(self, request: tuple) -> RawBatch | None:
-        """The batch read ahead, if it is the one asked for. Its timings: what the caller waited
-        (``consume_s``) and what the read took in the background (``read_ahead_s``)."""
+    def _take_ahead(self, request: tuple) -> tuple[RawBatch, RawBatch | None] | None:
+        """The batch read ahead (and the records read past it), if it is the one asked for. Its timings:
+        what the caller waited (``consume_s``) and what the read took in the background (``read_ahead_s``)."""
         started = time.perf_counter()
-        asked, batch = self._settle()
-        if batch is None or asked != request:
+        asked, read = self._settle()
+        if read is None or asked != request:
             return None
+        batch, past = read
         waited = time.perf_counter() - started
-        return replace(batch, timings={"consume_s": waited, "read_ahead_s": sum(batch.timings.values())})
+        return replace(batch, timings={"consume_s": waited, "read_ahead_s": sum(batch.timings.values())}), past
 
-    def _settle(self) -> tuple[tuple | None, RawBatch | None]:
+    def _settle(self) -> tuple[tuple | None, tuple[RawBatch, RawBatch | None] | None]:
         """Wait for a read ahead and drop it, the caller using the consumer next: what it was asked
         for and what it read (None when there was none, or it failed: read again in the foreground,
         which raises the error to the caller)."""
@@ -404,10 +437,11 @@ class KafkaSource:
 
     def _read(self, topic: str, start_offsets: Mapping[int, int] | None, max_records: int, max_bytes: int,
               poll_timeout_s: float, until: Mapping[int, int] | None = None, carried: RawBatch | None = None,
-              decode: Decode | None = None) -> RawBatch:
-        """The batch from ``start_offsets``; ``carried``: its first records, already read from those offsets
-        (the consumer positioned at their end offsets), which count in its bounds and are not fetched again
-        (nor decoded again: ``decode`` applies to the records fetched here)."""
+              decode: Decode | None = None) -> tuple[RawBatch, RawBatch | None]:
+        """The batch from ``start_offsets``, and the records fetched past its bounds (None: none), which the
+        next batch carries; ``carried``: its first records, already read from those offsets (the consumer
+        positioned at their end offsets), which count in its bounds and are not fetched again (nor decoded
+        again: ``decode`` applies to the records fetched here)."""
         started = time.perf_counter()
         consumer = self._client_for(topic)
         # Asked by the fetching consumer itself: it learns the partitions' leaders from the answer. Left to
@@ -432,15 +466,16 @@ class KafkaSource:
                     "operator's decision")
             start[partition] = committed if committed is not None else low
         stop = {p: min(high[p], max(start[p], (until or {}).get(p, high[p]))) for p in partitions}
-        end = {**start, **(carried.end_offsets if carried is not None else {})}
+        end = dict(start)
+        read_to = {**start, **(carried.end_offsets if carried is not None else {})}
         pending = [p for p in partitions if end[p] < stop[p]]
         chunks: list[pa.RecordBatch] = carried.records.to_batches() if carried is not None else []
         carried_chunks = len(chunks)
-        size = carried.bytes_read if carried is not None else 0
+        size = 0
         if pending:
-            self._position_at(consumer, topic, end, pending)
+            self._position_at(consumer, topic, read_to, pending)
             try:
-                size = self._consume(consumer, topic, pending, end, stop, chunks, max_records, max_bytes,
+                size = self._consume(consumer, topic, pending, end, read_to, stop, chunks, max_records, max_bytes,
                                      poll_timeout_s, carried)
             except BaseException:
                 self._unassign_all(consumer)
@@ -457,17 +492,20 @@ class KafkaSource:
             topic=topic,
             records=records,
             start_offsets=start,
-            end_offsets=end,
+            end_offsets=read_to,
             high_watermarks=high,
             records_read=records.num_rows,
             bytes_read=size,
             timings={**timings, "to_arrow_s": time.perf_counter() - consumed},
         )
+        past = None
+        if read_to != end:  # records read past a partition's share: the next batch's first
+            batch, past = _split(batch, end)
         if pending and batch.caught_up:
             # Nothing more to fetch for this batch, and a consumer left polling the partitions' ends would
             # make the next batch's requests (another topic's, most often) queue behind it.
             self._unassign_all(consumer)
-        return batch
+        return batch, past
 
     def _position_at(self, consumer: Consumer, topic: str, start: Mapping[int, int], pending: list[int]) -> None:
         """Make the consumer hand out the ``pending`` partitions' records from ``start`` (where the batch
@@ -498,38 +536,65 @@ class KafkaSource:
         self._assigned_at.clear()
 
     def _consume(self, consumer: Consumer, topic: str, pending: list[int], end: dict[int, int],
-                 stop: Mapping[int, int], chunks: list[pa.RecordBatch], max_records: int, max_bytes: int,
-                 poll_timeout_s: float, carried: RawBatch | None = None) -> int:
-        """Read the ``pending`` partitions up to ``stop`` until the bounds, ``carried`` records counted in
-        them; the records as Arrow chunks of one consume call each. Returns the bytes read, the carried
-        records' included.
+                 fetched: dict[int, int], stop: Mapping[int, int], chunks: list[pa.RecordBatch], max_records: int,
+                 max_bytes: int, poll_timeout_s: float, carried: RawBatch | None = None) -> int:
+        """Read the ``pending`` partitions up to ``stop`` until the bounds, the ``carried`` records (the first
+        of ``chunks``) taken first; the records as Arrow chunks of one consume call each. ``end``: where the
+        batch ends in each partition; ``fetched``: where the records in ``chunks`` end, past ``end`` in a
+        partition read past its share. Returns the bytes of the records in ``chunks``.
 
-        The bounds are shared out in rounds (``_Shares``): a partition that reached its share is paused
-        while the others take theirs, and what a partition could not use (it reached ``stop``) is shared
-        out again among those that can. A partition's records come in offset order, and records handed
-        out past what the batch takes of a partition are sought back to its end: a batch holds a
-        contiguous run of each partition from its start offset, and the consumer's positions are where
-        the next batch starts (its assignment kept, ``_position_at``).
+        The bounds are shared out in rounds (``_Shares``): a partition that reached its share keeps the
+        records it is handed out while the others take theirs, and what a partition could not use (it
+        reached ``stop``) is shared out again, kept records first. Kept records left over start the next
+        batch (``_read``): librdkafka's fetched-ahead records are dropped by a pause or a seek, so only a
+        partition that kept a whole share is paused, and only records past ``stop`` are sought back. A
+        batch holds a contiguous run of each partition from its start offset, and the consumer's
+        positions are where the records handed out end.
         """
         shares = _Shares(pending, max_records, max_bytes)
+        kept: dict[int, collections.deque[tuple[int, int]]] = {p: collections.deque() for p in pending}
+        kept_bytes = dict.fromkeys(pending, 0)
+        share = (max(1, max_records // len(pending)), max(1, max_bytes // len(pending)))
+        extra = 0  # bytes kept past the batch's end
         if carried is not None:
-            shares.carry(carried.records)
-        below = list(pending)  # partitions not yet read up to their stop offsets
+            records = carried.records
+            sizes = pc.add(pc.fill_null(pc.binary_length(records["key"]), 0),
+                           pc.fill_null(pc.binary_length(records["value"]), 0)).to_pylist()
+            for partition, offset, size in zip(records["partition"].to_pylist(), records["offset"].to_pylist(),
+                                               sizes, strict=True):
+                kept[partition].append((offset, size))
+                kept_bytes[partition] += size
+                extra += size
+        below = list(pending)  # partitions whose batch does not reach their stop offsets yet
         paused: set[int] = set()
         last_progress = time.monotonic()
         try:
             while below and not shares.full:
-                active = shares.active(below)
-                self._pause_all_but(consumer, topic, active, paused)
-                # Never ask for more than a partition taking records may take, nor than they hold up to
-                # their ends: consume returns once it has as many messages as asked, or waits out its timeout.
-                wanted = min(_CONSUME_CHUNK, shares.records_left, min(shares.records_allowed(p) for p in active),
-                             sum(stop[p] - end[p] for p in active))
+                for partition in shares.active(below):
+                    run = kept[partition]
+                    while run and shares.takes(partition):
+                        at, length = run.popleft()
+                        kept_bytes[partition] -= length
+                        extra -= length
+                        shares.took(partition, length)
+                        end[partition] = at + 1
+                    if not run:
+                        end[partition] = fetched[partition]
+                below = [p for p in below if end[p] < stop[p]]
+                fetching = [p for p in below if fetched[p] < stop[p] and len(kept[p]) < share[0]
+                            and kept_bytes[p] < share[1]]
+                self._pause_all_but(consumer, topic, fetching, paused)
+                if shares.full or not fetching:
+                    continue  # full, or every partition left holds a share kept: the next round takes it
+                # Never ask for more than a fetching partition may take and keep, nor than they hold up to their
+                # stops: consume returns once it has as many messages as asked, or waits out its timeout.
+                wanted = min(_CONSUME_CHUNK, min(shares.records_allowed(p) + share[0] - len(kept[p]) for p in fetching),
+                             sum(stop[p] - fetched[p] for p in fetching))
                 partitions: list[int] = []
                 offsets: list[int] = []
                 keys: list[bytes | None] = []
                 values: list[bytes | None] = []
-                passed: set[int] = set()  # partitions with records handed out that the batch does not take
+                passed: set[int] = set()  # partitions handed out records past their stops
                 for message in consumer.consume(wanted, timeout=1.0):
                     error = message.error()
                     if error is not None:
@@ -538,46 +603,53 @@ class KafkaSource:
                         raise SourceError(f"{topic}[{message.partition()}]: error while consuming from "
                                           f"{self.bootstrap_servers}: {error}")
                     read_from, offset = message.partition(), message.offset()
-                    if read_from is None or offset is None or read_from not in end or message.topic() != topic \
-                            or offset < end[read_from]:
+                    if read_from is None or offset is None or read_from not in fetched or message.topic() != topic \
+                            or offset < fetched[read_from]:
                         continue
-                    if offset >= stop.get(read_from, end[read_from]) or read_from not in active \
-                            or not shares.takes(read_from):
-                        passed.add(read_from)  # past the partition's end or share: read again from its end
+                    if offset >= stop[read_from]:
+                        passed.add(read_from)  # past the partition's stop: read again from there
                         continue
                     key, value = message.key(), message.value()
+                    size = (len(key) if key else 0) + (len(value) if value else 0)
                     partitions.append(read_from)
                     offsets.append(offset)
                     keys.append(key)
                     values.append(value)
-                    end[read_from] = offset + 1
-                    shares.took(read_from, (len(key) if key else 0) + (len(value) if value else 0))
+                    fetched[read_from] = offset + 1
+                    if kept[read_from] or not shares.takes(read_from):
+                        kept[read_from].append((offset, size))
+                        kept_bytes[read_from] += size
+                        extra += size
+                    else:
+                        shares.took(read_from, size)
+                        end[read_from] = offset + 1
                 if offsets:
                     last_progress = time.monotonic()
                     chunks.append(pa.record_batch([pa.array(partitions, pa.int32()), pa.array(offsets, pa.int64()),
                                                    pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
                                                   schema=RAW_SCHEMA))
                 for partition in passed:
-                    consumer.seek(TopicPartition(topic, partition, end[partition]))
-                    self._assigned_at[partition] = end[partition]  # the position is unknown until it hands one out
+                    consumer.seek(TopicPartition(topic, partition, fetched[partition]))
+                    self._assigned_at[partition] = fetched[partition]  # unknown until it hands one out
                 # Transaction markers and compacted-away records occupy offsets no message shows: when
                 # every record handed out of a partition was taken, a position at its stop means none is left.
-                checked = [TopicPartition(topic, p) for p in below if p not in passed]
+                checked = [TopicPartition(topic, p) for p in below if p not in passed and not kept[p]]
                 for position in consumer.position(checked) if checked else []:
                     if position.offset >= stop[position.partition]:
-                        end[position.partition] = max(end[position.partition], stop[position.partition])
+                        reached = max(end[position.partition], stop[position.partition])
+                        end[position.partition] = fetched[position.partition] = reached
                 below = [p for p in below if end[p] < stop[p]]
                 if below and time.monotonic() - last_progress > poll_timeout_s:
                     partition = below[0]
                     raise SourceError(
                         f"topic '{topic}' on {self.bootstrap_servers}: no records for {poll_timeout_s:.0f}s while "
-                        f"partition {partition} (next offset {end[partition]}) is below its high watermark "
+                        f"partition {partition} (next offset {fetched[partition]}) is below its high watermark "
                         f"{stop[partition]}")
         finally:
-            # Fetching again for the next batch (an assignment kept goes on where this batch ends).
+            # Fetching again for the next batch (an assignment kept goes on where this batch's records end).
             if paused:
                 consumer.resume([TopicPartition(topic, p) for p in paused])
-        return shares.size
+        return shares.size + extra
 
     def _pause_all_but(self, consumer: Consumer, topic: str, active: list[int], paused: set[int]) -> None:
         """Pause the assigned partitions not in ``active`` (what they fetched is dropped: their records
