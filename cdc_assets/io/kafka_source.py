@@ -13,8 +13,9 @@ cannot fill a batch while the others wait.
 
 from __future__ import annotations
 
-import collections
+import bisect
 import difflib
+import itertools
 import logging
 import re
 import time
@@ -209,12 +210,52 @@ class _Shares:
             self._record_share[partition] = records + (rank < odd)
         return list(below)
 
-    def took(self, partition: int, size: int) -> None:
-        """Count a record of ``size`` bytes the partition took."""
-        self.count += 1
+    def took(self, partition: int, size: int, records: int = 1) -> None:
+        """Count ``records`` of ``size`` bytes in all that the partition took."""
+        self.count += records
         self.size += size
-        self._records[partition] += 1
+        self._records[partition] += records
         self._bytes[partition] += size
+
+    def takes_of(self, partition: int, sizes: Sequence[int]) -> int:
+        """How many of the records of ``sizes``, in order, the partition may take (``takes`` for each)."""
+        records = min(self.max_records - self.count, self._record_share[partition] - self._records[partition])
+        room = min(self.max_bytes - self.size, self._byte_share[partition] - self._bytes[partition])
+        if records <= 0 or room <= 0 or not sizes:
+            return 0
+        # A record is taken while the bytes taken before it stay below the room: the one crossing it too.
+        before = itertools.accumulate(sizes[:min(records, len(sizes)) - 1])
+        return 1 + bisect.bisect_left(list(before), room)
+
+
+class _Kept:
+    """A partition's records read past its share, in offset order: their offsets and sizes, from ``head``."""
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+        self.sizes: list[int] = []
+        self.head = 0
+        self.size = 0
+
+    def __len__(self) -> int:
+        return len(self.offsets) - self.head
+
+    def add(self, offset: int, size: int) -> None:
+        self.offsets.append(offset)
+        self.sizes.append(size)
+        self.size += size
+
+    def take(self, shares: _Shares, partition: int) -> int | None:
+        """Give the partition what its share takes of these records, first first; the offset after the last
+        one taken (None: none taken)."""
+        count = shares.takes_of(partition, self.sizes[self.head:self.head + shares.max_records])
+        if not count:
+            return None
+        size = sum(self.sizes[self.head:self.head + count])
+        shares.took(partition, size, count)
+        self.size -= size
+        self.head += count
+        return self.offsets[self.head - 1] + 1
 
 
 class KafkaSource:
@@ -552,19 +593,22 @@ class KafkaSource:
         positions are where the records handed out end.
         """
         shares = _Shares(pending, max_records, max_bytes)
-        kept: dict[int, collections.deque[tuple[int, int]]] = {p: collections.deque() for p in pending}
-        kept_bytes = dict.fromkeys(pending, 0)
+        kept = {p: _Kept() for p in pending}
+        keeping: set[int] = set()  # the partitions with kept records (asked for each record handed out)
         share = (max(1, max_records // len(pending)), max(1, max_bytes // len(pending)))
         extra = 0  # bytes kept past the batch's end
         if carried is not None:
             records = carried.records
             sizes = pc.add(pc.fill_null(pc.binary_length(records["key"]), 0),
-                           pc.fill_null(pc.binary_length(records["value"]), 0)).to_pylist()
-            for partition, offset, size in zip(records["partition"].to_pylist(), records["offset"].to_pylist(),
-                                               sizes, strict=True):
-                kept[partition].append((offset, size))
-                kept_bytes[partition] += size
-                extra += size
+                           pc.fill_null(pc.binary_length(records["value"]), 0))
+            for partition in pc.unique(records["partition"]).to_pylist():
+                mine = pc.equal(records["partition"], partition)
+                run = kept[partition]
+                run.offsets = pc.filter(records["offset"], mine).to_pylist()
+                run.sizes = pc.filter(sizes, mine).to_pylist()
+                run.size = sum(run.sizes)
+                extra += run.size
+                keeping.add(partition)
         below = list(pending)  # partitions whose batch does not reach their stop offsets yet
         paused: set[int] = set()
         last_progress = time.monotonic()
@@ -572,17 +616,17 @@ class KafkaSource:
             while below and not shares.full:
                 for partition in shares.active(below):
                     run = kept[partition]
-                    while run and shares.takes(partition):
-                        at, length = run.popleft()
-                        kept_bytes[partition] -= length
-                        extra -= length
-                        shares.took(partition, length)
-                        end[partition] = at + 1
+                    before = run.size
+                    taken_to = run.take(shares, partition)
+                    extra -= before - run.size
+                    if taken_to is not None:
+                        end[partition] = taken_to
                     if not run:
+                        keeping.discard(partition)
                         end[partition] = fetched[partition]
                 below = [p for p in below if end[p] < stop[p]]
                 fetching = [p for p in below if fetched[p] < stop[p] and len(kept[p]) < share[0]
-                            and kept_bytes[p] < share[1]]
+                            and kept[p].size < share[1]]
                 self._pause_all_but(consumer, topic, fetching, paused)
                 if shares.full or not fetching:
                     continue  # full, or every partition left holds a share kept: the next round takes it
@@ -616,9 +660,9 @@ class KafkaSource:
                     keys.append(key)
                     values.append(value)
                     fetched[read_from] = offset + 1
-                    if kept[read_from] or not shares.takes(read_from):
-                        kept[read_from].append((offset, size))
-                        kept_bytes[read_from] += size
+                    if read_from in keeping or not shares.takes(read_from):
+                        kept[read_from].add(offset, size)
+                        keeping.add(read_from)
                         extra += size
                     else:
                         shares.took(read_from, size)
@@ -633,7 +677,7 @@ class KafkaSource:
                     self._assigned_at[partition] = fetched[partition]  # unknown until it hands one out
                 # Transaction markers and compacted-away records occupy offsets no message shows: when
                 # every record handed out of a partition was taken, a position at its stop means none is left.
-                checked = [TopicPartition(topic, p) for p in below if p not in passed and not kept[p]]
+                checked = [TopicPartition(topic, p) for p in below if p not in passed and p not in keeping]
                 for position in consumer.position(checked) if checked else []:
                     if position.offset >= stop[position.partition]:
                         reached = max(end[position.partition], stop[position.partition])
