@@ -386,7 +386,9 @@ class KafkaSource:
 
         Stops early at ``max_records`` records or ``max_bytes`` of keys and values, shared out evenly
         among the partitions with pending records (a partition with fewer leaves its part to the
-        others); each partition's records are a contiguous run from its start offset.
+        others); each partition's records are a contiguous run from its start offset. Records read past a
+        partition's share are kept: the next call that reads the topic from this batch's end offsets (with
+        the same ``until`` and ``decode``) starts with them instead of fetching them again.
 
         ``until``: per partition, an offset its part of the batch stops before (a batch that must
         leave a partition's later records out); the batch is then not caught up there.
@@ -479,10 +481,10 @@ class KafkaSource:
     def _read(self, topic: str, start_offsets: Mapping[int, int] | None, max_records: int, max_bytes: int,
               poll_timeout_s: float, until: Mapping[int, int] | None = None, carried: RawBatch | None = None,
               decode: Decode | None = None) -> tuple[RawBatch, RawBatch | None]:
-        """The batch from ``start_offsets``, and the records fetched past its bounds (None: none), which the
-        next batch carries; ``carried``: its first records, already read from those offsets (the consumer
-        positioned at their end offsets), which count in its bounds and are not fetched again (nor decoded
-        again: ``decode`` applies to the records fetched here)."""
+        """The batch from ``start_offsets``, and the records read past its bounds (None: none), which the
+        next batch starts with; ``carried``: records already read from those offsets (the consumer
+        positioned at their end offsets), which the batch takes first, within its bounds, and does not fetch
+        again (nor decode again: ``decode`` applies to the records fetched here)."""
         started = time.perf_counter()
         consumer = self._client_for(topic)
         # Asked by the fetching consumer itself: it learns the partitions' leaders from the answer. Left to
