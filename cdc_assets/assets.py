@@ -185,7 +185,7 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
         reads = RunReads(delta)
         failures: list[tuple[CapturedTable, Exception]] = []
         for key, table in by_key.items():  # in config order, each as soon as its merge (and those before) ended
-            materialized = None
+            materialized, merged_by = None, None
             if key in chosen:
                 merged = next(merges)
                 if len(merged.log) > 1:  # a line per batch; one batch's is its materialization's metadata
@@ -195,14 +195,14 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                     context.log.error(f"{table.topic}: merge failed: {merged.error}")
                     failures.append((table, merged.error))
                     continue  # its checks are not evaluated, as when its own op failed
-                materialized = merged.result
+                materialized, merged_by = merged.result, merged.writer
                 assert materialized is not None
                 yield materialized
             if checks.get(key):
                 # As results, not evaluation events: Dagster then counts each selected check's output as
                 # yielded (else every run logs "did not yield or return expected outputs").
                 yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
-                                                 materialized, merged.writer if key in chosen else None)
+                                                 materialized, merged_by)
         if len(failures) == 1:
             raise failures[0][1]
         if failures:

@@ -598,7 +598,6 @@ class KafkaSource:
         kept = {p: _Kept() for p in pending}
         keeping: set[int] = set()  # the partitions with kept records (asked for each record handed out)
         share = (max(1, max_records // len(pending)), max(1, max_bytes // len(pending)))
-        extra = 0  # bytes kept past the batch's end
         if carried is not None:
             records = carried.records
             sizes = pc.add(pc.fill_null(pc.binary_length(records["key"]), 0),
@@ -609,7 +608,6 @@ class KafkaSource:
                 run.offsets = pc.filter(records["offset"], mine).to_pylist()
                 run.sizes = pc.filter(sizes, mine).to_pylist()
                 run.size = sum(run.sizes)
-                extra += run.size
                 keeping.add(partition)
         below = list(pending)  # partitions whose batch does not reach their stop offsets yet
         paused: set[int] = set()
@@ -618,9 +616,7 @@ class KafkaSource:
             while below and not shares.full:
                 for partition in shares.active(below):
                     run = kept[partition]
-                    before = run.size
                     taken_to = run.take(shares, partition)
-                    extra -= before - run.size
                     if taken_to is not None:
                         end[partition] = taken_to
                     if not run:
@@ -665,7 +661,6 @@ class KafkaSource:
                     if read_from in keeping or not shares.takes(read_from):
                         kept[read_from].add(offset, size)
                         keeping.add(read_from)
-                        extra += size
                     else:
                         shares.took(read_from, size)
                         end[read_from] = offset + 1
@@ -695,7 +690,7 @@ class KafkaSource:
             # Fetching again for the next batch (an assignment kept goes on where this batch's records end).
             if paused:
                 consumer.resume([TopicPartition(topic, p) for p in paused])
-        return shares.size + extra
+        return shares.size + sum(run.size for run in kept.values())  # taken, and kept past the batch's end
 
     def _pause_all_but(self, consumer: Consumer, topic: str, active: list[int], paused: set[int]) -> None:
         """Pause the assigned partitions not in ``active`` (what they fetched is dropped: their records
