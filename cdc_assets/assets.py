@@ -105,6 +105,9 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
         if truncates:  # TRUNCATE events; with on_truncate apply, the events before them were read, not applied
             metadata.update(events_truncate=truncates,
                             events_before_truncate=sum(s.before_truncate for s in summaries))
+        never_seen = sum(s.unavailable_never_seen for s in summaries)
+        if never_seen:  # values the source left unavailable and nothing held: stored as null (a failed check)
+            metadata["unavailable_never_seen"] = never_seen
         last_read = max((s.last_incremental_snapshot_read_ts for s in summaries
                          if s.last_incremental_snapshot_read_ts is not None), default=None)
         if last_read is not None:
@@ -117,7 +120,7 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
     if last.transactions is not None:
         metadata["transactions_applied"] = sum(int(str(r.transactions["applied"]))
                                                for r in reports if r.transactions is not None)
-        for name in ("waiting", "incomplete"):
+        for name in ("waiting", "waiting_s", "incomplete", "stalled"):
             metadata[f"transactions_{name}"] = MetadataValue.json(cast(Mapping[str, Any], last.transactions[name]))
     if "total_s" in stages:
         metadata["batch_seconds"] = round(stages["total_s"], 3)

@@ -44,6 +44,7 @@ class CapturedTable:
     transaction_log: TransactionLog | None = None  # set when the table applies whole transactions only
     watermarks: DeltaTarget | None = None
     max_watermark_lag_s: float = 3600.0
+    transaction_timeout_s: float = 300.0  # how long a transaction may block the table before its check fails
     max_heartbeat_age_s: float | None = None  # the connector sends heartbeats: how old the newest may be
     unavailable_placeholder: str = DEFAULT_UNAVAILABLE_PLACEHOLDER  # the connector's unavailable.value.placeholder
     on_truncate: str = "halt"
@@ -130,6 +131,7 @@ def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: T
         transaction_log=_transaction_log(config, connector, table),
         watermarks=DeltaTarget(pipeline_table_path(config.delta.root, "watermarks"), options),
         max_watermark_lag_s=connector.max_watermark_lag_s,
+        transaction_timeout_s=connector.transaction_timeout_s,
         max_heartbeat_age_s=connector.max_heartbeat_age_s,
         checks_after_merge=config.checks_after_merge,
         unavailable_placeholder=connector.unavailable_value_placeholder,

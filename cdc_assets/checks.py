@@ -34,6 +34,7 @@ from dagster import (
 from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
+from cdc_assets.core.layout import PLACEHOLDER_KINDS
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget, DeltaWriter, KeyReport, open_table
 from cdc_assets.io.freshness import TableFreshness, TopicProbe, freshness_verdict
@@ -105,6 +106,9 @@ def freshness_metadata(state: TableFreshness, heartbeat: datetime | None) -> dic
 # Blocking: a key appears once and is never null, as a database's primary key. One check, not two: each
 # evaluation is an event Dagster stores, 31-38 ms apiece in its SQLite storage (docs/performance.md).
 KEY_CHECK = "primary_key"
+# Blocking, for tables whose values the source may leave unavailable (a placeholder): none of them was stored
+# as null. Evaluated after each merge, on that merge's own count: a later merge's would hide it.
+UNAVAILABLE_CHECK = "unavailable_values_kept"
 
 
 def table_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpec]:
@@ -124,11 +128,16 @@ def table_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpe
     ]
     if table.transaction_log is not None:
         specs += [
-            AssetCheckSpec("transactions_reconciled", asset=key, description=(
-                f"Every transaction's END count of events for {name} is matched by the events in its topic.")),
+            AssetCheckSpec("transactions_reconciled", asset=key, blocking=True, description=(
+                f"Every transaction's END count of events for {name} is matched by the events in its topic, "
+                f"and no transaction has blocked it for {duration_text(table.transaction_timeout_s)} or more.")),
             AssetCheckSpec("consistent_watermark_fresh", asset=key, description=(
                 f"The connector's consistent watermark is at most {duration_text(table.max_watermark_lag_s)} old.")),
         ]
+    if table.kind in PLACEHOLDER_KINDS:
+        specs.append(AssetCheckSpec(UNAVAILABLE_CHECK, asset=key, blocking=True, description=(
+            f"Every value of {name} the source left unavailable (PostgreSQL's unchanged TOAST, Oracle's LOBs) "
+            "was kept from the table's row: none was stored as null.")))
     return specs
 
 
@@ -234,6 +243,8 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
         yield _transactions_reconciled(table, key, last)
     if "consistent_watermark_fresh" in selected and table.transaction_log is not None:
         yield _consistent_watermark_fresh(table, key)
+    if UNAVAILABLE_CHECK in selected:
+        yield _unavailable_values_kept(table, key, last)
 
 
 def _primary_key(key: AssetKey, report: KeyReport | None) -> AssetCheckResult:
@@ -290,12 +301,33 @@ def _schema_matches_source(table: CapturedTable, key: AssetKey, delta: DeltaReso
 
 
 def _transactions_reconciled(table: CapturedTable, key: AssetKey, last: Mapping[str, Any]) -> AssetCheckResult:
+    """Fails on a transaction whose END announces more events than the table's topic holds, and on one that has
+    kept the table from applying anything for ``transaction_timeout_s`` (events missing, or no END)."""
     incomplete: dict[str, Any] = dict(last.get("transactions_incomplete") or {})
-    description = "; ".join(f"transaction {tx}: END announces {n['expected']} events for {table.name}, the "
-                            f"topic holds {n['seen']}" for tx, n in incomplete.items())
-    return AssetCheckResult(asset_key=key, check_name="transactions_reconciled", passed=not incomplete,
-                            description=description or None,
-                            metadata={"incomplete_transactions": sorted(incomplete)})
+    stalled: dict[str, Any] = dict(last.get("transactions_stalled") or {})
+    problems = [f"transaction {tx}: END announces {n['expected']} events for {table.name}, the topic holds {n['seen']}"
+                for tx, n in incomplete.items()]
+    problems += [f"transaction {tx} has kept {table.name} from applying anything for {duration_text(n['waiting_s'])}: "
+                 + (f"{n['seen']} of the {n['expected']} events its END announces are in the topic"
+                    if n["expected"] is not None else
+                    f"{n['seen']} of its events are in the topic and the transaction log has no END naming "
+                    f"{table.name} for it")
+                 for tx, n in stalled.items() if tx not in incomplete]
+    return AssetCheckResult(asset_key=key, check_name="transactions_reconciled", passed=not problems,
+                            description="; ".join(problems) or None,
+                            metadata={"incomplete_transactions": sorted(incomplete),
+                                      "stalled_transactions": sorted(stalled)})
+
+
+def _unavailable_values_kept(table: CapturedTable, key: AssetKey, last: Mapping[str, Any]) -> AssetCheckResult:
+    """Fails when the last merge stored unavailable values as null (``unavailable_never_seen``): neither its
+    events nor the table held the value (a key change whose delete it did not read, a row never captured)."""
+    never_seen = int(last.get("unavailable_never_seen") or 0)
+    description = (f"the last merge of {table.name} stored {never_seen} value(s) the source left unavailable as "
+                   "null: neither its events nor the table's rows held them (a primary-key change whose delete "
+                   "it did not read, or a row the table never had)") if never_seen else None
+    return AssetCheckResult(asset_key=key, check_name=UNAVAILABLE_CHECK, passed=not never_seen,
+                            description=description, metadata={"unavailable_never_seen": never_seen})
 
 
 def _consistent_watermark_fresh(table: CapturedTable, key: AssetKey) -> AssetCheckResult:

@@ -255,6 +255,10 @@ class ConnectorConfig(_Model):
                     "a column carrying it is unchanged, never a value")
     transaction_topic: str | None = Field(default=None, description="default '<topic.prefix>.transaction'")
     max_watermark_lag_s: float = Field(default=3600.0, gt=0, description="bound of the watermark check")
+    transaction_timeout_s: float = Field(default=300.0, gt=0, description=(
+        "transaction_metadata: how long a table may wait for a transaction that blocks it (events missing, or "
+        "no END) before its blocking transactions_reconciled check fails naming it, from its first event's "
+        "source time"))
     max_heartbeat_age_s: float | None = Field(
         default=None, gt=0, description="the connector sends heartbeats (heartbeat.interval.ms > 0): the freshness "
                                         "check fails when the newest is older than this")

@@ -29,7 +29,6 @@ from cdc_assets.core import (
     value_type,
 )
 from cdc_assets.core.envelope import (
-    ERROR_COLUMN,
     OFFSET_COLUMN,
     PARTITION_COLUMN,
     TRANSACTION_COLUMN,
@@ -39,10 +38,11 @@ from cdc_assets.core.key_changes import key_change_cut, unfinished_partitions
 from cdc_assets.core.layout import (
     HIDDEN_PREFIX,
     PLACEHOLDER_KINDS,
+    SOURCE_TS_COLUMN,
     ChangeEventLayout,
     LayoutError,
 )
-from cdc_assets.core.transactions import ReadOn, cut_batch, read_on, transaction_key
+from cdc_assets.core.transactions import ReadOn, cut_batch, event_identity, read_on, transaction_key
 from cdc_assets.core.truncation import Truncation, after_truncation, latest_truncation, truncation_mark, wiped_by
 from cdc_assets.core.types import placeholder_needles
 from cdc_assets.io.avro import record_decoder
@@ -203,32 +203,48 @@ def _before(cut: dict[int, int], partition: Column, offset: Column) -> Column:
 
 
 def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch, progress: TableProgress | None,
-                        decoded: DataFrame, limits: BatchLimits, until: Mapping[int, int] | None = None
+                        decoded: DataFrame, key_columns: Sequence[str], limits: BatchLimits,
+                        until: Mapping[int, int] | None = None
                         ) -> tuple[dict[int, int] | None, dict[str, object], dict[int, int] | None]:
     """Cut the batch to whole transactions of the table (``core.transactions``): the cut offsets
     (None when no event can be applied yet), the commit's transaction metadata, and where to read
     again (None: no need).
 
+    A transaction's events are counted once each: an event delivered again (Debezium is at-least-once; a
+    restarted connector sends what it sent before its last stored offset) has the same source position,
+    op and key (``core.transactions.event_identity``). Bad events count: they belong to their transaction, and the batch
+    that holds them halts or dead-letters them as the table's ``on_bad_event`` says.
+
     A batch that can apply nothing because its first transaction is incomplete is read again, from
     the same offsets, up to the first event of a later transaction in each partition
     (``core.transactions.read_on``): a transaction that fits in the batch limits is always applied,
     whatever later transactions' events the partitions hold. It waits when the transactions blocking
-    it have no END in the log yet (still open at the source, or not ingested yet): a later batch
-    applies them. It fails with ``BatchTooSmallError`` when the first one does not fit: the batch, with
-    every later transaction left out, is full before it holds the events its END announces.
+    it have no END in the log yet (still being emitted, or not ingested yet): a later batch applies
+    them; one that has waited ``transaction_timeout_s`` (from its first event's source time) is stalled,
+    and the table's blocking ``transactions_reconciled`` check fails naming it. It fails with
+    ``BatchTooSmallError`` when the first one does not fit: the batch, with every later transaction left
+    out, is full before it holds the events its END announces.
     ``until``: the offsets the batch was read up to, when it was such a second read."""
     log = table.transaction_log
     assert log is not None
     ingest_transactions(source, log)
-    stats = (decoded.where(F.col(TRANSACTION_COLUMN).isNotNull() & F.col(ERROR_COLUMN).isNull())
+    events = (decoded.where(F.col(TRANSACTION_COLUMN).isNotNull())
+              .select(TRANSACTION_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN, event_identity(key_columns).alias("event"),
+                      F.unix_millis(F.col(SOURCE_TS_COLUMN)).alias("ts")))
+    stats = (events.groupBy(TRANSACTION_COLUMN, PARTITION_COLUMN, "event")
+             .agg(F.min(OFFSET_COLUMN).alias("first"), F.min("ts").alias("ts"))
              .groupBy(TRANSACTION_COLUMN, PARTITION_COLUMN)
-             .agg(F.count(F.lit(1)).alias("events"), F.min(OFFSET_COLUMN).alias("first")).collect())
+             .agg(F.count(F.lit(1)).alias("events"), F.min("first").alias("first"), F.min("ts").alias("ts"))
+             .collect())
     seen: dict[str, tuple[int, dict[int, int]]] = {}
+    since: dict[str, int] = {}  # per transaction, its first event's source time (epoch ms)
     for row in stats:
         key = transaction_key(table.kind, row[TRANSACTION_COLUMN])
         count, firsts = seen.get(key, (0, {}))
         first = min(row["first"], firsts.get(row[PARTITION_COLUMN], row["first"]))
         seen[key] = (count + row["events"], {**firsts, row[PARTITION_COLUMN]: first})
+        if row["ts"] is not None:
+            since[key] = min(row["ts"], since.get(key, row["ts"]))
     ends = log.ends(seen)
     cut = cut_batch(table.name, raw.start_offsets, raw.end_offsets, seen,
                     {tx: collections for tx, (_, collections) in ends.items()})
@@ -244,14 +260,21 @@ def _whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch
             read_again = blocked.until
         elif blocked is not None and blocked.open:
             raise _too_small(table, raw, limits, blocked)
+    now_ms = time.time() * 1000
+    waited = {tx: round(max(0.0, now_ms - since[tx]) / 1000, 3) for tx in cut.waiting if tx in since}
     return applicable, {
         "applied_end": applied_end,
         "horizon": table_horizon(log, table.name, applied_end),
         "applied": len(cut.applied),
         "waiting": {tx: {"seen": n, "expected": e} for tx, (n, e) in sorted(cut.waiting.items())[:20]},
+        "waiting_s": dict(sorted(waited.items())[:20]),  # since each one's first event's source time
         # a transaction whose END announces more events than the whole topic holds for this table
         "incomplete": {tx: {"seen": n, "expected": e} for tx, (n, e) in sorted(cut.waiting.items())
                        if e is not None and caught_up},
+        # the batch applies nothing while these wait, and they have waited past the table's timeout
+        "stalled": {tx: {"seen": n, "expected": e, "waiting_s": waited[tx]}
+                    for tx, (n, e) in sorted(cut.waiting.items()) if applicable is None and read_again is None
+                    and waited.get(tx, 0.0) >= table.transaction_timeout_s},
     }, read_again
 
 
@@ -434,12 +457,14 @@ def _key_change_cut(table: CapturedTable, existing: StructType | None, key_colum
     def cut(raw: RawBatch) -> dict[int, int] | None:
         values = raw.records["value"]
         # Asked before the layout, which costs a parse of the sampled values (most batches of small tables).
-        if values.null_count == len(values) or not unfinished_partitions(raw.end_offsets, raw.high_watermarks):
+        if values.null_count == len(values) or not (raw.key_change_halves or unfinished_partitions(
+                raw.end_offsets, raw.high_watermarks)):
             return None
         layout = _derive_layout(table, raw, (_sample(raw.records["key"]), _sample(values)), existing, key_columns)
         if not layout.unavailable_tests:
             return None
-        return key_change_cut(raw.records, raw.end_offsets, raw.high_watermarks, table.kind, layout.placeholder)
+        return key_change_cut(raw.records, raw.end_offsets, raw.high_watermarks, table.kind, layout.placeholder,
+                              raw.key_change_halves)
 
     return cut
 
@@ -492,8 +517,8 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
         decoded = decode_change_events(frame, read_as)
         transactions: dict[str, object] | None = None
         if table.transaction_log is not None:
-            cut_offsets, transactions, read_again = _whole_transactions(source, table, raw, progress, decoded,
-                                                                        limits, until)
+            cut_offsets, transactions, read_again = _whole_transactions(
+                source, table, raw, progress, decoded, read_as.key_columns, limits, until)
             if read_again is not None:  # its first transaction fits once later ones are left out: read it whole
                 scratch.close()
                 return _prepare(spark, source, writer, table, limits, progress, existing, read_again)

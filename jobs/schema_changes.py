@@ -9,8 +9,17 @@ whole column list, so the latest change alone decides the table's state.
 
 - CREATE: the Delta table is created with the announced columns (wide-type policy) and the hidden
   columns of its apply mode; the registry entry makes it an asset at the next code-location load.
-  A CREATE of a table that exists (a snapshot's, or a table created again after a DROP) is an ALTER
-  to its columns, and makes a retired table active again.
+  A CREATE of a table that exists (a snapshot's) is an ALTER to its columns.
+- CREATE after a DROP (a table dropped and created again at the source, or any change of it after
+  such a DROP, whatever order the runs take): the new incarnation starts empty. The old one's rows
+  (its pending events merged first, unless its DROP's run did) are copied to
+  ``<table path>__retired_<n>`` (n = 1, 2, ...: the first free one), a retired Delta table of their
+  own, listed in the table property ``cdc_assets.earlier_incarnations``; then the table is emptied
+  and takes the new incarnation's columns in one commit that keeps its history (time travel reads
+  the old rows too) and its offsets, so its next merge reads on from the events after the old
+  incarnation's. ``cdc_assets.recreated_after`` holds the position of the DROP it came after.
+  Events of the new incarnation already in the topic when the old one's last events are merged go
+  with the old rows (both are in one topic, merged up to its end).
 - ALTER: added columns are added (nullable; existing rows read null). Widened types need nothing
   (wide-type policy). Dropped columns stay, nullable, listed in the table property
   ``cdc_assets.dropped_columns``. A rename found in the DDL (``RENAME COLUMN a TO b``,
@@ -21,7 +30,17 @@ whole column list, so the latest change alone decides the table's state.
 - DROP: the table and its data stay. The table's pending change events (all made before the DROP)
   are merged first, then the asset is retired (``cdc_assets.retired`` property, registry status),
   and ``cdc_merge_job`` no longer selects it. A snapshot's ``DROP TABLE IF EXISTS`` never gets here
-  (``SchemaChangeEvent.acted_on``).
+  (``SchemaChangeEvent.acted_on``). A RENAME TABLE is a DROP of the old name and a change of the
+  new one, whose run merges the old name's pending events and copies its rows.
+
+Before a DROP, a RENAME TABLE's copy or a RENAME COLUMN's copy, every pending event of the table is
+merged, however many batches that takes (``max_batches_per_run`` bounds each round, not the whole):
+the run merges on until the table's offsets reach the topic's end as of its first round. If a round commits nothing (a
+transaction that cannot complete yet), the run fails before applying the change, naming the offsets
+it stopped at (the batches merged stay, as a merge run's would), and a retry goes on from there.
+
+A run records its change in the registry only once the table has been brought to it: a failed run
+leaves the registry as it was (and the asset as it was loaded), and its retry does the whole change.
 Each run logs a materialization of the table's asset with the old and new schema and the DDL's
 source position. The runs share the pool ``cdc_schema_changes``: with a limit of 1 they never race.
 """
@@ -51,14 +70,17 @@ from cdc_assets.config import BatchLimits
 from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
 from cdc_assets.core.layout import HIDDEN_PREFIX
 from cdc_assets.core.schema_change import SchemaChangeError, diff_schema, source_type_changes
-from cdc_assets.io.delta import DeltaTarget, open_table
+from cdc_assets.io.delta import DeltaTarget, DeltaWriter, open_table
 from cdc_assets.io.kafka_source import SourceError
-from cdc_assets.io.registry import RegistryEntry, read_history, record_change
+from cdc_assets.io.registry import RegistryEntry, append_change, change_row, read_history
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 
 RETIRED_PROPERTY = "cdc_assets.retired"
 DROPPED_COLUMNS_PROPERTY = "cdc_assets.dropped_columns"
 RENAMED_COLUMNS_PROPERTY = "cdc_assets.renamed_columns"
+RECREATED_AFTER_PROPERTY = "cdc_assets.recreated_after"
+EARLIER_INCARNATIONS_PROPERTY = "cdc_assets.earlier_incarnations"
+RETIRED_COPY_SUFFIX = "__retired_"
 
 
 class SchemaChangeConfig(Config):
@@ -103,12 +125,13 @@ def build_apply_schema_change_job(table_for: Callable[[str, str], CapturedTable]
     def apply_schema_change(context: OpExecutionContext, config: SchemaChangeConfig, spark: SparkResource,
                             kafka: KafkaResource, delta: DeltaResource) -> None:
         target = DeltaTarget(config.delta_path, dict(delta.storage_options))
-        record_change(delta.registry_path, delta.storage_options, connector=config.connector, table=config.table,
-                      change=config.change, primary_keys=tuple(config.primary_keys),
-                      columns=T.StructType.fromJson(json.loads(config.columns)),
-                      source_position=config.source_position, topic=config.topic, partition=config.partition,
-                      offset=config.offset, run_id=context.run_id)
-        history = read_history(delta.registry_path, delta.storage_options)[(config.connector, config.table)]
+        change = change_row(connector=config.connector, table=config.table, change=config.change,
+                            primary_keys=tuple(config.primary_keys),
+                            columns=T.StructType.fromJson(json.loads(config.columns)),
+                            source_position=config.source_position, topic=config.topic, partition=config.partition,
+                            offset=config.offset, run_id=context.run_id)
+        history = read_history(delta.registry_path, delta.storage_options, pending=change)[
+            (config.connector, config.table)]
         latest = history[-1]
         metadata: dict[str, Any] = {
             "change": config.change, "source_position": config.source_position,
@@ -119,16 +142,21 @@ def build_apply_schema_change_job(table_for: Callable[[str, str], CapturedTable]
                                          f"({latest.topic}[{latest.partition}]@{latest.offset})")
             context.log.info(f"{config.change} of {config.table} at {config.source_position} arrived after the "
                              f"later {metadata['superseded_by']}: the table is brought to that one")
+        table = table_for(config.connector, config.table)
         if latest.change == "DROP":
-            metadata.update(_retire(context, table_for(config.connector, config.table), target, spark, kafka, delta,
-                                    limits))
+            metadata.update(_retire(context, table, target, spark, kafka, delta, limits))
         else:
+            drop = _last_drop(history)
+            if drop is not None and _holds_rows_from_before(target, drop):
+                metadata.update(_start_anew(context, table, drop, history, target, spark, kafka, delta, limits))
             if config.renames:  # the rows a rename's copy reads must hold every change made before it
                 metadata["events_merged_before_rename"] = _merge_pending(
-                    context, table_for(config.connector, config.table), spark, kafka, delta, limits)
+                    context, table, spark, kafka, delta, limits, f"the RENAME COLUMN at {config.source_position}")
             if config.renamed_from:
                 metadata.update(_take_over(context, config, table_for, target, spark, kafka, delta, limits))
             metadata.update(_evolve(config, history, target, spark, delta))
+        # Only now: a run that failed above leaves the registry (and the asset it loads) as it was.
+        append_change(delta.registry_path, delta.storage_options, change)
         context.log_event(AssetMaterialization(
             asset_key=AssetKey(config.asset_key),
             description=f"schema change {config.change} at {config.source_position or 'unknown position'}",
@@ -143,11 +171,30 @@ def build_apply_schema_change_job(table_for: Callable[[str, str], CapturedTable]
     return apply_schema_change_job
 
 
+def _last_drop(history: Sequence[RegistryEntry]) -> RegistryEntry | None:
+    """The table's latest DROP in source order, None if it was never dropped."""
+    return next((entry for entry in reversed(history) if entry.change == "DROP"), None)
+
+
+def _drop_mark(drop: RegistryEntry) -> str:
+    """What ``cdc_assets.recreated_after`` holds for a table created again after ``drop``: its source position
+    (shared by a replay of it after a connector restart), else its schema-change topic coordinates."""
+    return drop.source_position or f"{drop.topic}[{drop.partition}]@{drop.offset}"
+
+
+def _holds_rows_from_before(target: DeltaTarget, drop: RegistryEntry) -> bool:
+    """Whether the table exists with the rows of an incarnation from before ``drop`` (not started anew since)."""
+    table = open_table(target)
+    return table is not None and dict(table.metadata().configuration).get(RECREATED_AFTER_PROPERTY, "") != \
+        _drop_mark(drop)
+
+
 def _columns_ever(history: Sequence[RegistryEntry]) -> T.StructType:
-    """Every column the table's changes announced, in the order they first appeared, each with its latest
-    type: what its Delta table holds after them in order, as a dropped column stays in Delta."""
+    """Every column the table's changes since its last DROP announced, in the order they first appeared, each
+    with its latest type: what its Delta table holds after them in order, as a dropped column stays in Delta."""
     columns: dict[str, T.StructField] = {}
-    for entry in history:
+    drop = _last_drop(history)
+    for entry in history[history.index(drop) + 1:] if drop is not None else history:
         if entry.change != "DROP":
             columns.update({field.name: field for field in entry.columns.fields})
     return T.StructType(list(columns.values()))
@@ -170,8 +217,9 @@ def _evolve(config: SchemaChangeConfig, history: Sequence[RegistryEntry], target
     dropped = [name for name in held if name not in latest.columns.fieldNames() and not name.startswith(HIDDEN_PREFIX)]
     current = _properties(target)
     wanted_properties = {DROPPED_COLUMNS_PROPERTY: ",".join(dropped)}
-    if current.get(RETIRED_PROPERTY) == "true":
-        wanted_properties[RETIRED_PROPERTY] = "false"  # created again after a DROP
+    drop = _last_drop(history)
+    if drop is not None:  # a table created after a DROP holds only the rows since (``_start_anew``)
+        wanted_properties[RECREATED_AFTER_PROPERTY] = _drop_mark(drop)
     renames = [(old, new) for old, new in config.renames if old in held and new in held]
     if renames:
         noted = [pair for pair in current.get(RENAMED_COLUMNS_PROPERTY, "").split(",") if pair]
@@ -184,7 +232,8 @@ def _evolve(config: SchemaChangeConfig, history: Sequence[RegistryEntry], target
     changed = writer.ensure_columns(target, _arrow(wanted), properties) if wanted.fields or properties else []
     # Rows last changed before the rename hold their value under the old name: the new one gets it, so a
     # row the rename did not touch reads as SELECT * does at the source. In any order: by source position.
-    copied = writer.copy_renamed(target, renames, config.source_position) if renames else 0
+    copied = writer.copy_renamed(target, renames, config.source_position,
+                                 apply_mode(config.apply_mode).changed_at_column) if renames else 0
     source_changes = source_type_changes(history[-2].columns, latest.columns) if len(history) > 1 else []
     after = writer.table_schema(target)
     return {"old_schema": _schema_text(before), "new_schema": _schema_text(after),
@@ -205,36 +254,92 @@ def _take_over(context: OpExecutionContext, config: SchemaChangeConfig,
                             "its rows from before the rename are not copied; request an incremental snapshot")
         return {"renamed_from": config.renamed_from, "rows_taken_over": 0}
     previous = table_for(config.connector, config.renamed_from)
-    merged = _merge_pending(context, previous, spark, kafka, delta, limits)
+    merged = _merge_pending(context, previous, spark, kafka, delta, limits,
+                            f"the RENAME TABLE to {config.table} at {config.source_position}")
     copied = writer.copy_table(previous.target, target) if writer.table_schema(previous.target) is not None else 0
     return {"renamed_from": config.renamed_from, "events_merged_before_rename": merged, "rows_taken_over": copied}
 
 
 def _merge_pending(context: OpExecutionContext, table: CapturedTable, spark: SparkResource, kafka: KafkaResource,
-                   delta: DeltaResource, limits: BatchLimits) -> int:
-    """Merge the table's pending change events, as a merge run would; the events read. Before a DROP they
-    were all made before it; before a rename's copy, the rows they change hold their last values."""
+                   delta: DeltaResource, limits: BatchLimits, needed_by: str) -> int:
+    """Merge every pending change event of the table, as merge runs would, in as many rounds of
+    ``max_batches_per_run`` batches as it takes: until its offsets reach the topic's end as of the first round
+    (every event made before the DDL is there: the run started after the DDL was read), or a batch reaches the
+    topic's end as of its start. Returns the events read. Before a DROP they were all made before it; before a
+    rename's copy, the rows they change hold their last values. A round that commits nothing fails the run
+    (``needed_by`` says for what) before the change is applied: a retry goes on from there."""
     source = kafka.new_source()
+    writer = delta.writer_for(spark.spark_session)
+    events = 0
+    stop: dict[int, int] = {}
     try:
-        reports = apply_pending(table, kafka=source, spark=spark.spark_session,
-                                writer=delta.writer_for(spark.spark_session), limits=limits)
+        while True:
+            before = _committed_offsets(writer, table)
+            reports = apply_pending(table, kafka=source, spark=spark.spark_session, writer=writer, limits=limits)
+            events += sum(report.events_read for report in reports)
+            # Bounded by the first round's end: a busy table's later events need not be chased.
+            stop = stop or dict(reports[0].raw.high_watermarks)
+            after = _committed_offsets(writer, table)
+            if reports[-1].raw.caught_up or all(after.get(p, 0) >= high for p, high in stop.items()):
+                return events
+            if after == before:
+                raise SchemaChangeError(
+                    f"{table.topic}: {needed_by} needs every event before it merged first, but a merge round stopped "
+                    f"at offsets {after} below the high watermarks {reports[-1].raw.high_watermarks} and committed "
+                    "nothing (a transaction not complete yet?); the change was not applied: retry the run")
+            context.log.info(f"{table.topic}: {events} events merged for {needed_by}, not at the topic's end yet "
+                             f"(offsets {after}): merging on")
     except SourceError as exc:
         if "does not exist" not in str(exc):
             raise
         context.log.info(f"{table.topic}: no topic, so no change event to merge")
-        return 0
+        return events
     finally:
         source.close()
-    return sum(report.events_read for report in reports)
+
+
+def _committed_offsets(writer: DeltaWriter, table: CapturedTable) -> dict[int, int]:
+    """The offsets the table's latest batch commit recorded (empty: none yet)."""
+    progress = writer.read_progress(table.target, table.app_id)
+    return dict(progress.offsets) if progress is not None else {}
 
 
 def _retire(context: OpExecutionContext, table: CapturedTable, target: DeltaTarget, spark: SparkResource,
             kafka: KafkaResource, delta: DeltaResource, limits: BatchLimits) -> Mapping[str, Any]:
     """Merge the dropped table's pending events (every one was made before the DROP), then retire it."""
-    events = _merge_pending(context, table, spark, kafka, delta, limits)
+    events = _merge_pending(context, table, spark, kafka, delta, limits, "its DROP")
     writer = delta.writer_for_schema_changes(spark)
     before = writer.table_schema(target)
     if before is not None and _properties(target).get(RETIRED_PROPERTY) != "true":
         writer.ensure_columns(target, _arrow(before), {RETIRED_PROPERTY: "true"})
     schema = _schema_text(before)
     return {"retired": True, "events_merged_before_drop": events, "old_schema": schema, "new_schema": schema}
+
+
+def _start_anew(context: OpExecutionContext, table: CapturedTable, drop: RegistryEntry,
+                history: Sequence[RegistryEntry], target: DeltaTarget, spark: SparkResource, kafka: KafkaResource,
+                delta: DeltaResource, limits: BatchLimits) -> Mapping[str, Any]:
+    """The table was created again after ``drop``, and its Delta table still holds the incarnation before: those
+    rows (their pending events merged first, unless the DROP's run retired them) are copied to a retired table at
+    ``<path>__retired_<n>``, then the table is emptied, with the new incarnation's columns and its offsets kept."""
+    current = _properties(target)
+    events = 0 if current.get(RETIRED_PROPERTY) == "true" else _merge_pending(
+        context, table, spark, kafka, delta, limits, f"the DROP at {drop.source_position}")
+    writer = delta.writer_for_schema_changes(spark)
+    earlier = [path for path in current.get(EARLIER_INCARNATIONS_PROPERTY, "").split(",") if path]
+    number = len(earlier) + 1
+    while writer.table_schema(aside := DeltaTarget(f"{target.path}{RETIRED_COPY_SUFFIX}{number}",
+                                                   target.storage_options)) is not None:
+        number += 1  # left by a run that failed before emptying the table: kept, never overwritten
+    rows = writer.copy_table(target, aside)
+    old_schema = writer.table_schema(target)
+    assert old_schema is not None  # ``_holds_rows_from_before`` found the table
+    writer.ensure_columns(aside, _arrow(old_schema), {RETIRED_PROPERTY: "true"})
+    columns = T.StructType([*_columns_ever(history).fields, *apply_mode(table.apply_mode).hidden_fields])
+    writer.empty_table(target, _arrow(columns), {
+        RETIRED_PROPERTY: "false", DROPPED_COLUMNS_PROPERTY: "", RENAMED_COLUMNS_PROPERTY: "",
+        RECREATED_AFTER_PROPERTY: _drop_mark(drop), EARLIER_INCARNATIONS_PROPERTY: ",".join([*earlier, aside.path])})
+    context.log.info(f"{table.name} was dropped at {drop.source_position} and created again: its {rows} rows from "
+                     f"before are now at {aside.path} (retired); the table starts empty")
+    return {"earlier_incarnation_path": MetadataValue.path(aside.path), "earlier_incarnation_rows": rows,
+            "earlier_incarnation_schema": _schema_text(old_schema), "events_merged_before_drop": events}

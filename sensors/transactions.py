@@ -1,12 +1,13 @@
-"""The transaction sensor of a connector: follows ``<topic.prefix>.transaction`` from BEGIN to END
-and, when transactions complete, requests one merge run for exactly the tables they touched.
+"""The transaction sensor of a connector: follows the ENDs of ``<topic.prefix>.transaction`` and, when
+transactions complete, requests one merge run for exactly the tables they touched.
 
 Many small transactions completed since the last tick make one run; its run key is
 ``transactions:<topic>:<partition>:<first END offset>-<last END offset>`` (ranges of several
 partitions joined by ``,``), so a re-evaluated tick launches nothing twice. The cursor holds the
-next offset per partition and the ids of transactions begun but not ended. An END without a BEGIN,
-an unknown status or malformed data collections stop their partition's cursor before the event
-(the other partitions read on); the tick fails naming its offset (or logs it, when it also
+next offset per partition. An END needs no BEGIN before it: on a topic of several partitions the two
+are in different ones (PostgreSQL's ids, the record keys, differ), and a restarted connector emits
+both again. An unknown status or malformed data collections stop their partition's cursor before the
+event (the other partitions read on); the tick fails naming its offset (or logs it, when it also
 requested a run for transactions completed elsewhere or before it).
 """
 
@@ -19,7 +20,7 @@ from dagster import RunRequest, SensorDefinition, SensorEvaluationContext, Senso
 from cdc_assets.catalog import CapturedTable, schema_registry_settings
 from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import ConnectorConfig
-from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event, transaction_key
+from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
 from cdc_assets.io.transactions import TransactionLogError, touched_tables
@@ -45,9 +46,8 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
                         "next offset to read of each transaction-topic partition and the transactions begun but "
                         "not yet ended there")
     def transaction_sensor(context: SensorEvaluationContext) -> SensorResult:
-        cursor = json.loads(context.cursor) if context.cursor else {"offsets": {}, "open": []}
+        cursor = json.loads(context.cursor) if context.cursor else {"offsets": {}}
         offsets = {int(p): o for p, o in cursor["offsets"].items()}
-        open_ids = set(cursor["open"])
         source = KafkaSource(dict(kafka_settings), retries=0)
         try:
             batch = source.read_batch(topic, offsets, MAX_EVENTS_PER_TICK, 64 * 1024 * 1024, 10,
@@ -68,18 +68,12 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
             where = f"{topic} partition {record['partition']} offset {record['offset']}"
             try:
                 event = parse_transaction_event(record["value"])
-                key = transaction_key(connector.kind, event.id)  # BEGIN and END ids differ for PostgreSQL
-                if event.status == "END" and key not in open_ids:
-                    raise TransactionEventError(f"END of transaction {event.id} without a BEGIN before it")
             except TransactionEventError as exc:
                 problems.append(f"{where}: {exc}")
                 next_offsets[record["partition"]] = record["offset"]
                 stopped.add(record["partition"])
                 continue
-            if event.status == "BEGIN":
-                open_ids.add(key)
-            else:
-                open_ids.discard(key)
+            if event.status == "END":
                 completed.append((record["partition"], record["offset"], event.collections))
         if problems and not completed:
             raise TransactionLogError("malformed transaction event(s), cursor kept before them: "
@@ -97,7 +91,7 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
                 run_key=f"transactions:{topic}:" + ",".join(f"{p}:{a}-{b}" for p, (a, b) in sorted(ranges.items())),
                 asset_selection=list(selected), asset_check_keys=merge_run_checks(selected),
                 tags={"cdc_assets/transactions": str(len(completed))}))
-        new_cursor = {"offsets": {str(p): o for p, o in next_offsets.items()}, "open": sorted(open_ids)}
+        new_cursor = {"offsets": {str(p): o for p, o in next_offsets.items()}}
         return SensorResult(run_requests=requests, cursor=json.dumps(new_cursor, sort_keys=True))
 
     return transaction_sensor

@@ -121,13 +121,16 @@ def test_checks_run_with_the_merge_and_can_fail(spark, broker, tmp_path):
     producer.flush(30)
     defs = build_definitions(parse_config(prefix_config.format(bootstrap=broker.bootstrap_servers, root=tmp_path)))
     products = AssetKey(["checks1", "inventory", "products"])
-    assert {k.name for k in defs.resolve_asset_graph().get(products).check_keys} == {*CHECK_NAMES, "freshness"}
+    assert {k.name for k in defs.resolve_asset_graph().get(products).check_keys} == {
+        *CHECK_NAMES, "freshness", "unavailable_values_kept"}
     with DagsterInstance.ephemeral() as instance:
         result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
         evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
-        # The merge run evaluates the blocking key checks; the others run on the freshness schedule.
-        assert sorted(evaluations) == sorted((table, name) for table in ("products", "customers", "orders")
-                                             for name in ("primary_key",))
+        # The merge run evaluates the blocking checks (the unavailable values' on PostgreSQL's tables); the
+        # others run on the freshness schedule.
+        assert sorted(evaluations) == sorted([
+            *((table, "primary_key") for table in ("products", "customers", "orders")),
+            *((table, "unavailable_values_kept") for table in ("products", "customers"))])
         assert batch_lines(instance, result.run_id) == []  # one batch a table: its materialization says it all
         assert evaluations[("products", "primary_key")].passed
         assert evaluations[("products", "primary_key")].metadata["rows"].value == 10
@@ -283,7 +286,7 @@ def test_a_subclassed_translator_renames_assets_checks_sensor_requests_and_runs_
         [merge] = tick("db2_transaction_sensor").run_requests
         assert merge.asset_selection == [orders]
         # Each request names the checks its merge run evaluates (else Dagster adds the scheduled ones' ops too).
-        key_checks = [AssetCheckKey(orders, "primary_key")]
+        key_checks = [AssetCheckKey(orders, "primary_key"), AssetCheckKey(orders, "transactions_reconciled")]
         assert merge.asset_check_keys == key_checks
         backfills = tick("snapshot_backfill_sensor").run_requests
         assert [(r.asset_selection, r.asset_check_keys) for r in backfills if r.asset_selection] == [

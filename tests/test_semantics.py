@@ -632,3 +632,80 @@ def test_the_cut_follows_postgresql_s_emission_order_not_the_lsn():
     assert key_change_cut(_raw(partitions), {0: 2, 1: 3}, {0: 2, 1: 3}, "postgresql", UNAVAILABLE) is None
     assert key_change_cut(_raw({0: [t1[2]], 1: t1[:2]}), {0: 1, 1: 2}, {0: 5, 1: 5}, "postgresql",
                           UNAVAILABLE) is None
+
+
+NEW_KEY, OLD_KEY = "__debezium.newkey", "__debezium.oldkey"
+
+
+def test_a_key_change_half_read_up_to_a_high_watermark_ends_the_batch_before_it():
+    """The watermarks are read one partition at a time: a key change written between two of those reads has
+    its delete below its partition's watermark and its create above its own. With every partition read to
+    its watermark, a half whose other half the batch does not hold (Debezium's key-change headers name
+    both) still ends the batch before it, and before what was emitted after it."""
+    from cdc_assets.core.key_changes import key_change_cut
+
+    before = pg_change("u", 7, 90, n=1)
+    delete, tombstone, create = pk_change(1, 101, 100)
+    after = pg_change("u", 8, 110, n=1)
+    read = _raw({0: before, 1: [delete, tombstone, *after]})
+    halves = {(1, 0), (1, 1)}  # the delete and its tombstone carry the new key
+    assert key_change_cut(read, {0: 1, 1: 3}, {0: 1, 1: 3}, "postgresql", UNAVAILABLE) is None  # no header read
+    assert key_change_cut(read, {0: 1, 1: 3}, {0: 1, 1: 3}, "postgresql", UNAVAILABLE, halves) == {0: 1, 1: 0}
+    # The create read without its delete waits for it the same way; both halves read, the batch is whole.
+    assert key_change_cut(_raw({0: [*before, create]}), {0: 2}, {0: 2}, "postgresql", UNAVAILABLE, {(0, 1)}) \
+        == {0: 1}
+    both = _raw({0: [*before, create], 1: [delete, tombstone, *after]})
+    assert key_change_cut(both, {0: 2, 1: 3}, {0: 2, 1: 3}, "postgresql", UNAVAILABLE, {(0, 1), *halves}) is None
+
+
+def test_a_key_change_written_between_two_watermark_reads_is_applied_whole(spark, broker, tmp_path, monkeypatch):
+    """A key change as Debezium writes it (delete, tombstone and create with their key-change headers), its delete
+    written after the batch read partition 0's watermark and before it read partition 1's, its create a
+    moment later: the delete is not applied without its create, which keeps the old key's unchanged TOASTed
+    value."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    from cdc_assets.demo.broker import PRODUCER_SETTINGS
+    from cdc_assets.io.kafka_source import KafkaSource
+
+    writer = DeltaRsWriter()
+    topic = new_topic(broker, "dbserver1.s.t", partitions=2)
+    table = captured_table(topic, tmp_path, columns=TOAST_COLUMNS)
+    produce(broker, topic, pg_change("c", 1, 10, "one"), partition=1)
+    run_batch(spark, broker, writer, table)
+    (old_key, delete), (_, tombstone), (new_key, create) = pk_change(1, 2, 20)
+
+    def write(*records):
+        producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": broker.bootstrap_servers})
+        for key, value, partition, header in records:
+            producer.produce(topic, key=key, value=value, partition=partition, headers=[(header, key)])
+        assert producer.flush(30) == 0
+
+    later = threading.Timer(1.0, write, [(new_key, create, 0, OLD_KEY)])
+    metadata = KafkaSource._metadata
+
+    class Between:
+        """The watermark client, writing the delete once partition 0's watermark is read (the create later)."""
+
+        def __init__(self, lookup):
+            self._lookup = lookup
+
+        def get_watermark_offsets(self, partition, **options):
+            watermarks = self._lookup.get_watermark_offsets(partition, **options)
+            if partition.topic == topic and partition.partition == 0 and later.ident is None:  # once
+                write((old_key, delete, 1, NEW_KEY), (old_key, tombstone, 1, NEW_KEY))
+                later.start()
+            return watermarks
+
+        def __getattr__(self, name):
+            return getattr(self._lookup, name)
+
+    monkeypatch.setattr(KafkaSource, "_metadata", lambda source: Between(metadata(source)))
+    reports = [run_batch(spark, broker, writer, table)]
+    later.join()
+    reports.append(run_batch(spark, broker, writer, table))  # what the first one's watermarks left out
+    assert reports[-1].raw.caught_up
+    assert current_values(spark, writer, table) == {2: ("one", 0)}
+    assert sum(r.summary.unavailable_never_seen for r in reports if r.summary) == 0

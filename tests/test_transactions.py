@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -137,9 +138,9 @@ connectors:
     produce(broker, topics["a"], [change("a", k, "v", 30 + k, "574", k) for k in range(2)])
     defs = build_definitions(parse_config(config.replace("PREFIX", prefix)))
     with DagsterInstance.ephemeral() as instance:
-        defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance)
-        # A warning: checked on the freshness schedule, against the merge's materialization.
-        result = defs.resolve_job_def("cdc_freshness_job").execute_in_process(instance=instance)
+        # Blocking: the merge run evaluates it, and fails on it.
+        result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance, raise_on_error=False)
+        assert not result.success
         evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
     failed = evaluations[("a", "transactions_reconciled")]
     assert not failed.passed and failed.metadata["incomplete_transactions"].value == ["574"]
@@ -178,17 +179,17 @@ def test_sensor_batches_transactions_into_one_run_and_never_twice(broker, tmp_pa
         assert request.run_key == f"transactions:{tx_topic}:0:1-39"
         assert sorted(k.path[-1] for k in request.asset_selection) == ["a", "b"]
         assert sorted((k.asset_key.path[-1], k.name) for k in request.asset_check_keys) == [
-            ("a", "primary_key"), ("b", "primary_key")]
-        assert json.loads(first.cursor) == {"offsets": {"0": 41}, "open": ["576"]}
+            ("a", "primary_key"), ("a", "transactions_reconciled"), ("a", "unavailable_values_kept"),
+            ("b", "primary_key"), ("b", "transactions_reconciled"), ("b", "unavailable_values_kept")]
+        assert json.loads(first.cursor) == {"offsets": {"0": 41}}
         again = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
         assert again.run_requests == []
+        # An END whose BEGIN the sensor never read completes its transaction all the same: on a topic of several
+        # partitions BEGIN and END are in different ones, and a restarted connector emits both again.
         produce(broker, tx_topic, [tx_event("END", "576", {"s.c": 2}), tx_event("END", "577", {"s.a": 1})])
         third = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
-        assert [k.path[-1] for k in third.run_requests[0].asset_selection] == ["c"]
-        assert json.loads(third.cursor)["offsets"] == {"0": 42}  # stopped before the END without BEGIN
-        with pytest.raises(Exception, match=rf"{tx_topic} partition 0 offset 42: END of transaction 577:\d+ "
-                                            "without a BEGIN"):
-            sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=third.cursor, definitions=defs))
+        assert sorted(k.path[-1] for k in third.run_requests[0].asset_selection) == ["a", "c"]
+        assert json.loads(third.cursor)["offsets"] == {"0": 43}
 
 
 @pytest.mark.parametrize(("value", "message"), [
@@ -379,3 +380,149 @@ def test_a_transaction_that_cannot_fit_names_the_limit_it_needs_tombstones_inclu
     assert run_batch(spark, broker, writer, c.tables["a"], max_records=8).transactions["applied"] == 1
     run_batch(spark, broker, writer, c.tables["a"], max_records=8)
     assert values(spark, writer, c.tables["a"]) == expected
+
+
+def test_a_transaction_topic_of_three_partitions_pairs_begin_and_end_by_transaction(spark, broker, writer, tmp_path):
+    """PostgreSQL's BEGIN and END ids differ, so a transaction topic of three partitions holds a transaction's END
+    in another partition than its BEGIN, and ENDs before BEGINs in offset order (every run failed with 'END of
+    transaction ... without a BEGIN before it'). Pairing by transaction and ordering by the ENDs' commit LSNs,
+    both tables are applied whole and the watermark names the last transaction."""
+    c = Connector(broker, tmp_path)
+    tx_topic = new_topic_named(broker, f"{c.prefix}.transaction3", partitions=3)
+    log = replace(c.log, topic=tx_topic)
+    tables = {name: replace(table, transaction_log=log) for name, table in c.tables.items()}
+    markers = {p: [] for p in range(3)}
+    # (txID, BEGIN's partition, END's partition, events per table)
+    for tx_id, begin_in, end_in, counts in [("701", 1, 0, {"s.a": 2}), ("702", 0, 2, {"s.b": 1}),
+                                            ("703", 2, 1, {"s.a": 1, "s.b": 1})]:
+        markers[begin_in].append(tx_event("BEGIN", tx_id))
+        lsn = 2000 + 10 * int(tx_id)
+        for table, count in counts.items():
+            name = table.split(".")[1]
+            produce(broker, c.topics[name], [change(name, int(tx_id) * 10 + k, tx_id, lsn + k, tx_id, k + 1)
+                                             for k in range(count)])
+        markers[end_in].append(tx_event("END", tx_id, counts))
+    for partition, records in markers.items():
+        produce(broker, tx_topic, records, partition=partition)
+    for name in ("a", "b"):
+        report = run_batch(spark, broker, writer, tables[name])
+        assert report.transactions["waiting"] == {} and report.transactions["applied"] == 2
+    assert ids(spark, writer, tables["a"]) == [7010, 7011, 7030]
+    assert ids(spark, writer, tables["b"]) == [7020, 7030]
+    row = update_watermark("txdb", log, {t.name: t.target for t in tables.values()}, c.watermarks)
+    assert row is not None and row["transaction_id"].startswith("703:")
+    ends = sorted((r["position"], r["key"]) for r in DeltaTable(log.target.path).to_pyarrow_table().to_pylist()
+                  if r["status"] == "END")
+    assert [key for _, key in ends] == ["701", "702", "703"]  # commit order, whatever partitions they are in
+
+
+def test_a_connector_without_commit_order_needs_a_transaction_topic_of_one_partition(broker, tmp_path):
+    """SQL Server's transaction ids (commit LSNs of 80 bits) order nothing here: a log over a topic of several
+    partitions is refused, naming the topic, its partitions and the remedy, instead of pairing ENDs out of order."""
+    from cdc_assets.io.kafka_source import KafkaSource
+
+    topic = new_topic(broker, "sqltx.transaction", partitions=2)
+    body = {"status": "BEGIN", "id": "00000025:00000d98:0003", "ts_ms": 1, "event_count": None,
+            "data_collections": None}
+    produce(broker, topic, [(b"{}", json.dumps(body).encode())])
+    log = TransactionLog(topic, DeltaTarget(str(tmp_path / "log")), "sqlserver")
+    source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "tx-tests"})
+    try:
+        with pytest.raises(TransactionLogError, match=rf"{topic} has 2 partitions.*sqlserver connector, whose "
+                                                      "transaction ids carry no commit order.*one partition"):
+            ingest_transactions(source, log)
+    finally:
+        source.close()
+
+
+def test_markers_and_events_a_restarted_connector_emits_again_complete_the_transaction_once(spark, broker, writer,
+                                                                                           tmp_path):
+    """A connector restarted on its stored offsets mid-transaction emits BEGIN again, the events after its last
+    stored offset again (same LSNs), and an END counting only what it emitted after the restart: the transaction
+    is applied whole once, the later END taking back nothing the first announced, and the next one flows."""
+    c = Connector(broker, tmp_path)
+    first = [change("a", k, "t1", 3000 + k, "760", k + 1) for k in range(3)]
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "760")])
+    restart_begin = tx_event("BEGIN", "760")
+    end_before = tx_event("END", "760", {"s.a": 3})
+    # The restarted connector's END has the first END's id (the commit LSN) and counts one event.
+    body = json.loads(end_before[1])
+    again = dict(body, event_count=1, data_collections=[{"data_collection": "s.a", "event_count": 1}])
+    produce(broker, c.topics["a"], [*first, first[2]])
+    produce(broker, c.tx_topic, [end_before, restart_begin, (end_before[0], json.dumps(again).encode())])
+    produce(broker, c.topics["a"], [change("a", 9, "t2", 3100, "761")])
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "761"), tx_event("END", "761", {"s.a": 1})])
+    report = run_batch(spark, broker, writer, c.tables["a"])
+    assert report.transactions["waiting"] == {} and report.transactions["applied"] == 2
+    assert values(spark, writer, c.tables["a"]) == {0: "t1", 1: "t1", 2: "t1", 9: "t2"}
+
+
+def test_an_event_delivered_twice_does_not_make_a_transaction_whole(spark, broker, writer, tmp_path):
+    """An END announces 3 events; the topic holds two of them, one delivered twice: the transaction is not whole
+    and nothing of it is applied; the reconciliation names 2 of 3."""
+    c = Connector(broker, tmp_path)
+    events = [change("a", k, "x", 3200 + k, "770", k + 1) for k in range(2)]
+    produce(broker, c.topics["a"], [*events, events[1]])
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "770"), tx_event("END", "770", {"s.a": 3})])
+    report = run_batch(spark, broker, writer, c.tables["a"])
+    assert report.transactions["applied"] == 0
+    assert report.transactions["incomplete"] == {"770": {"seen": 2, "expected": 3}}
+    assert ids(spark, writer, c.tables["a"]) == []
+
+
+@pytest.mark.parametrize("on_bad_event", ["halt", "dead_letter"])
+def test_a_bad_event_inside_a_transaction_counts_toward_it_and_meets_on_bad_event(spark, broker, writer, tmp_path,
+                                                                                  on_bad_event):
+    """A transaction's event that cannot be read (an unknown op) is one of the events its END announces: the
+    transaction completes, and the bad event halts the batch naming its topic, partition and offset, or goes to
+    the dead-letter table while the rest of the transaction is applied (it waited forever, and on_bad_event never
+    applied)."""
+    from cdc_assets.pipeline import BadEventError
+
+    c = Connector(broker, tmp_path)
+    table = replace(c.tables["a"], on_bad_event=on_bad_event, dead_letter=DeltaTarget(str(tmp_path / "dead")))
+    good = change("a", 1, "ok", 3300, "780", 1)
+    bad_value = json.loads(change("a", 2, "bad", 3301, "780", 2)[1])
+    bad = (encode_key({"id": 2}), json.dumps(dict(bad_value, op="x")).encode())
+    produce(broker, c.topics["a"], [good, bad])
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "780"), tx_event("END", "780", {"s.a": 2})])
+    if on_bad_event == "halt":
+        with pytest.raises(BadEventError, match=rf"{c.topics['a']} partition 0 offset 1.*unknown op 'x'"):
+            run_batch(spark, broker, writer, table)
+        assert ids(spark, writer, table) == []
+        return
+    report = run_batch(spark, broker, writer, table)
+    assert report.transactions["applied"] == 1 and report.dead_lettered == 1
+    assert ids(spark, writer, table) == [1]
+
+
+def test_a_transaction_that_blocks_a_table_past_its_timeout_fails_the_blocking_check(spark, broker, tmp_path):
+    """A transaction whose END never comes (its events captured long ago): the merge applies nothing, and instead of
+    a green run the blocking transactions_reconciled check fails, naming the transaction, how long it has kept the
+    table waiting and what it waits for; the materialization shows it under transactions_stalled."""
+    prefix = new_topic(broker, "stall").replace(".", "_")
+    new_topic_named(broker, f"{prefix}.transaction")
+    topic = new_topic_named(broker, f"{prefix}.s.a")
+    config = f"""\
+kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
+delta: {{root: "{tmp_path}", writer: delta-rs}}
+connectors:
+  - name: txdb
+    kind: postgresql
+    topic.prefix: {prefix}
+    transaction_metadata: true
+    transaction_timeout_s: 60
+    tables: [{{name: s.a}}]
+"""
+    produce(broker, f"{prefix}.transaction", [tx_event("BEGIN", "790")])
+    produce(broker, topic, [change("a", k, "v", 3400 + k, "790", k + 1) for k in range(2)])
+    defs = build_definitions(parse_config(config))
+    with DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("cdc_merge_job").execute_in_process(instance=instance, raise_on_error=False)
+        assert not result.success
+        [check] = [e for e in result.get_asset_check_evaluations() if e.check_name == "transactions_reconciled"]
+        [materialization] = result.asset_materializations_for_node("txdb_merge")
+    assert not check.passed and check.metadata["stalled_transactions"].value == ["790"]
+    assert re.search(r"transaction 790 has kept s.a from applying anything for .*: 2 of its events are in the topic "
+                     "and the transaction log has no END naming s.a for it", check.description), check.description
+    assert list(materialization.metadata["transactions_stalled"].value) == ["790"]

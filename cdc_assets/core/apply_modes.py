@@ -93,6 +93,9 @@ class ApplyMode(ABC):
     folds_ahead: ClassVar[bool] = True
     # The column that marks the rows holding a key's current values (None: every row does).
     current_column: ClassVar[str | None] = None
+    # The hidden column holding the source position of the change a row stands for (a rename's copy
+    # compares it with the DDL's position).
+    changed_at_column: ClassVar[str] = POSITION_COLUMN
 
     def rows(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows) -> tuple[pa.Table, BatchSummary]:
         """The rows to MERGE from a batch's decoded events, and the batch summary; no placeholder left."""
@@ -203,6 +206,7 @@ class Scd2(ApplyMode):
     evolves_schema = False
     folds_ahead = False
     current_column = CURRENT_COLUMN
+    changed_at_column = VALID_FROM_COLUMN
 
     def _fold(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows
               ) -> tuple[pa.Table, BatchSummary]:

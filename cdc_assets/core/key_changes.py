@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -154,10 +154,12 @@ def unfinished_partitions(end_offsets: Mapping[int, int], high_watermarks: Mappi
 
 
 def key_change_cut(records: pa.Table, end_offsets: Mapping[int, int], high_watermarks: Mapping[int, int],
-                   kind: str, placeholder: str | None) -> dict[int, int] | None:
+                   kind: str, placeholder: str | None, halves: Collection[tuple[int, int]] = ()
+                   ) -> dict[int, int] | None:
     """The end offsets that keep a primary-key change's delete and create in one batch, for a batch of raw
     ``records`` (``partition``, ``offset``, ``value``; tombstones null) stopped at its limits; None: the
-    batch is kept whole.
+    batch is kept whole. ``halves``: the (partition, offset) of the records that carry Debezium's key-change
+    headers (``io.kafka_source.KEY_CHANGE_HEADERS``).
 
     The two events are emitted one after the other, so one may still be unread only on a partition the
     batch did not read to its end, past the last event read there. The batch keeps what was emitted up to
@@ -167,9 +169,14 @@ def key_change_cut(records: pa.Table, end_offsets: Mapping[int, int], high_water
     partition, the batch ends before it. Where the batch read no event of such a partition (tombstones
     only), nothing read elsewhere is known to come before its next event: the batch keeps that
     partition's tombstones alone. A cut at the batch's start offsets keeps nothing: the batch must be
-    read further (a delete emitted before everything else read, its create not read yet)."""
+    read further (a delete emitted before everything else read, its create not read yet).
+
+    A partition read to its high watermark may miss one too: the watermarks are read one partition at a
+    time, so a key change written between two of those reads may have one event below its partition's
+    watermark and the other above its own. A half of a key change (``halves``) whose other half the batch
+    does not hold ends the batch before it, wherever the batch read to."""
     unfinished = unfinished_partitions(end_offsets, high_watermarks)
-    if not unfinished:
+    if not unfinished and not halves:
         return None
     values = records["value"]
     by_partition: dict[int, tuple[list[int], _Ordered]] = {}
@@ -185,6 +192,20 @@ def key_change_cut(records: pa.Table, end_offsets: Mapping[int, int], high_water
             order = pc.sort_indices(offsets)
             indices, offsets = pc.take(indices, order), pc.take(offsets, order)
         by_partition[partition] = (offsets.to_pylist(), _Ordered(values, indices, kind))
+    cut = _unread_half_cut(by_partition, firsts, values, unfinished, end_offsets, placeholder) if unfinished \
+        else None
+    bound = _open_half(by_partition, halves)
+    if bound is None:
+        return cut
+    before = {p: offsets[i] if (i := bisect_left(ordered, bound)) < len(offsets) else end_offsets[p]
+              for p, (offsets, ordered) in by_partition.items()}
+    return before if cut is None else {p: min(end, cut[p]) for p, end in before.items()}
+
+
+def _unread_half_cut(by_partition: Mapping[int, tuple[list[int], _Ordered]], firsts: Mapping[int, int],
+                     values: pa.ChunkedArray, unfinished: Sequence[int], end_offsets: Mapping[int, int],
+                     placeholder: str | None) -> dict[int, int] | None:
+    """``key_change_cut`` for the partitions the batch did not read to their end (``unfinished``)."""
     if any(not by_partition[p][1] for p in unfinished):
         if not _holds_key_change_half(pc.filter(values, pc.is_valid(values)), placeholder):
             return None
@@ -208,6 +229,25 @@ def key_change_cut(records: pa.Table, end_offsets: Mapping[int, int], high_water
         cut[partition] = offsets[first] if first < len(offsets) else end_offsets[partition]
     tails = [ordered.values_from(firsts_after[p]) for p, (_, ordered) in by_partition.items()]
     return cut if _holds_key_change_half(pa.chunked_array(tails, pa.binary()), placeholder) else None
+
+
+def _open_half(by_partition: Mapping[int, tuple[list[int], _Ordered]], halves: Collection[tuple[int, int]]
+               ) -> str | None:
+    """The emission order of the earliest key change of which the batch holds one event only (its delete or
+    its create, among the events at ``halves``); None: none."""
+    ops: dict[str, set[str]] = {}
+    for partition, offset in halves:
+        if partition not in by_partition:
+            continue
+        offsets, ordered = by_partition[partition]
+        i = bisect_left(offsets, offset)
+        if i == len(offsets) or offsets[i] != offset or not ordered[i]:
+            continue  # a tombstone (a key change's delete is followed by one), or no change event
+        value = pa.array([ordered.value(i)], pa.binary())
+        op = "d" if _holds_key_change_half(value, None, creates=False) else "c" if _holds_create(value) else None
+        if op is not None:
+            ops.setdefault(ordered[i], set()).add(op)
+    return min((at for at, seen in ops.items() if len(seen) == 1), default=None)
 
 
 class _Ordered(Sequence[str]):

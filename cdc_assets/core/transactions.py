@@ -12,10 +12,16 @@ of the first one in others: ``read_on`` says where a batch that reads that trans
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cdc_assets.core.envelope import json_payload
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from cdc_assets.core.envelope import OFFSET_COLUMN, PARTITION_COLUMN, json_payload
+from cdc_assets.core.layout import OP_COLUMN, POSITION_COLUMN
+from cdc_assets.core.position import position_source_part
 
 
 def transaction_key(kind: str, transaction_id: str) -> str:
@@ -30,6 +36,35 @@ def transaction_key(kind: str, transaction_id: str) -> str:
     if kind == "postgresql":
         return transaction_id.split(":", 1)[0]
     return transaction_id
+
+
+def commit_position(kind: str, transaction_id: str) -> int | None:
+    """Where an END with this id stands in its connector's commit order, read from the id; None where the
+    connector's ids carry no order (SQL Server's and Db2's commit LSNs do not fit 64 bits; Oracle's and
+    MongoDB's ids are not ordered), or the id is not of its kind's form.
+
+    Transactions are emitted in commit order, but a transaction topic of several partitions loses that
+    order between partitions (BEGIN and END of one PostgreSQL transaction even hash to different ones):
+    this rule gives it back. PostgreSQL: the LSN of ``txID:LSN``, which on an END is the commit's, and
+    commits stream in LSN order. MySQL and MariaDB: the GTID's sequence number (``uuid:N``,
+    ``domain-server-N``), which grows with each commit of one source (a multi-source topology with several
+    GTID domains has no single order: give its transaction topic one partition)."""
+    pattern = _COMMIT_POSITION.get(kind)
+    found = pattern.fullmatch(transaction_id) if pattern is not None else None
+    return int(found.group(1)) if found else None
+
+
+def ids_carry_commit_order(kind: str) -> bool:
+    """Whether the transaction ids of a connector ``kind`` carry a commit position (``commit_position``)."""
+    return kind in _COMMIT_POSITION
+
+
+# The part of an END id that orders commits, per connector kind (``commit_position``).
+_COMMIT_POSITION = {
+    "postgresql": re.compile(r"\d+(?::\d+)*:(\d+)"),  # txID:LSN
+    "mysql": re.compile(r"[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}:(\d+)"),  # server uuid:N
+    "mariadb": re.compile(r"\d+-\d+-(\d+)"),  # domain-server-N
+}
 
 
 class TransactionEventError(ValueError):
@@ -73,6 +108,18 @@ def parse_transaction_event(value: bytes | None) -> TransactionEvent:
     count = payload.get("event_count")
     return TransactionEvent(status, tx_id, int(count) if count is not None else None, collections,
                             payload.get("ts_ms"))
+
+
+def event_identity(key_columns: Sequence[str]) -> Column:
+    """What tells one change event of a transaction from another whatever offset it was delivered at, so
+    that an event delivered again (Debezium is at-least-once) counts once toward its END: its source
+    position (without the Kafka partition and offset ``event_position`` ends with), op and key (a
+    primary-key change's delete and create share a position; op and key tell them
+    apart). An event without a position is only itself: its partition and offset."""
+    position = F.col(POSITION_COLUMN)
+    return (F.when(position.isNotNull(), F.to_json(F.struct(position_source_part(position).alias("at"),
+                                                            F.col(OP_COLUMN), *(F.col(c) for c in key_columns))))
+            .otherwise(F.format_string("@%d:%d", F.col(PARTITION_COLUMN), F.col(OFFSET_COLUMN))))
 
 
 def collection_count(collections: Mapping[str, int], table: str) -> int | None:
@@ -146,14 +193,14 @@ def read_on(table: str, cut: TransactionCut, start: Mapping[int, int], end: Mapp
     the table.
 
     A connector writes a transaction's events after those of every transaction committed before it,
-    in every partition: the transaction with the smallest END offset among the partitions' first ones
+    in every partition: the transaction with the smallest commit position among the partitions' first ones
     has no events behind another transaction's in any partition. So a batch needs nothing of a
     partition that starts with another transaction, nor of a partition past the first event of
     another transaction, nor past where this batch was to stop (``stop``: the high watermarks, or an
     earlier ``until``: each read again stops no later, so reads again end); the partitions not read up to
     there are ``open``: the rest of it is there.
 
-    ``ends``: per known END, its offset and data collections.
+    ``ends``: per known END, its commit position (``TransactionLog.ends``) and data collections.
     """
     firsts_in: dict[int, tuple[int, str]] = {}  # per partition, the waiting transaction read first there
     for tx_id in cut.waiting:

@@ -38,7 +38,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from cdc_assets.core.apply_modes import HELPER_PREFIX, ApplyMode, Clause, MergePlan
 from cdc_assets.core.arrow import to_arrow
-from cdc_assets.core.layout import CURRENT_COLUMN, POSITION_COLUMN
+from cdc_assets.core.layout import CURRENT_COLUMN
 from cdc_assets.core.truncation import Truncation
 from cdc_assets.io.spark import has_delta, is_local
 from cdc_assets.io.storage import delta_rs_options, spark_path
@@ -168,14 +168,22 @@ class DeltaWriter(Protocol):
         set ``properties`` on it. Returns the names of the columns created or added."""
         ...
 
-    def copy_renamed(self, target: DeltaTarget, renames: Sequence[tuple[str, str]], before_position: str) -> int:
-        """For each ``(old, new)`` column rename, give the rows last changed before ``before_position`` (the
-        rename's source position) the old column's value in the new one. Returns the rows updated."""
+    def copy_renamed(self, target: DeltaTarget, renames: Sequence[tuple[str, str]], before_position: str,
+                     changed_at: str) -> int:
+        """For each ``(old, new)`` column rename, give the rows whose change (the hidden column ``changed_at``:
+        the apply mode's ``changed_at_column``) came before ``before_position`` (the rename's source position)
+        the old column's value in the new one. Returns the rows updated."""
         ...
 
     def copy_table(self, source: DeltaTarget, target: DeltaTarget) -> int:
         """Create ``target`` as a copy of ``source``'s rows, hidden columns and all (a renamed table's rows
         under its new name); returns the rows copied. ``target`` must not exist yet."""
+        ...
+
+    def empty_table(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> None:
+        """Remove every row of the existing table and give it ``schema`` (no other column) and ``properties``,
+        in one commit that keeps its history: the offsets its last batch commit recorded stay the ones its next
+        batch starts from (a table created again after a DROP, ``jobs.schema_changes``)."""
         ...
 
     def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
@@ -245,12 +253,12 @@ def _concurrent_commit_guard(target: DeltaTarget, commit: CommitRequest) -> Iter
             "one table is merged by one run at a time") from exc
 
 
-def _renamed_rows(before_position: str, quote: Callable[[str], str]) -> str:
-    """The rows a rename's copy updates: those last changed before the rename (a row's position starts with
-    its event's source position, which sorts as the DDL's does); rows changed since hold the new column's
-    own value."""
+def _renamed_rows(before_position: str, changed_at: str, quote: Callable[[str], str]) -> str:
+    """The rows a rename's copy updates: those whose change (``changed_at``: a row's position, or an scd2
+    version's start) came before the rename (a position starts with its event's source position, which sorts
+    as the DDL's does); rows changed since hold the new column's own value."""
     position = before_position.replace("'", "''")
-    return f"{quote(POSITION_COLUMN)} < '{position}'"
+    return f"{quote(changed_at)} < '{position}'"
 
 
 def quote_datafusion(name: str) -> str:
@@ -424,12 +432,13 @@ class DeltaRsWriter:
             table.alter.set_table_properties(dict(properties), raise_if_not_exists=False)
         return added
 
-    def copy_renamed(self, target: DeltaTarget, renames: Sequence[tuple[str, str]], before_position: str) -> int:
+    def copy_renamed(self, target: DeltaTarget, renames: Sequence[tuple[str, str]], before_position: str,
+                     changed_at: str) -> int:
         table = self._table(target)
         if table is None or not renames:
             return 0
         updates = {quote_datafusion(new): quote_datafusion(old) for old, new in renames}
-        result = table.update(updates=updates, predicate=_renamed_rows(before_position, quote_datafusion))
+        result = table.update(updates=updates, predicate=_renamed_rows(before_position, changed_at, quote_datafusion))
         return int(result.get("num_updated_rows", 0))
 
     def copy_table(self, source: DeltaTarget, target: DeltaTarget) -> int:
@@ -440,6 +449,15 @@ class DeltaRsWriter:
         write_deltalake(target.path, rows, mode="error", configuration=NEW_TABLE_PROPERTIES,
                         storage_options=delta_rs_options(target.storage_options))
         return rows.num_rows
+
+    def empty_table(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> None:
+        table = self._table(target)
+        if table is None:
+            raise DeltaWriterError(f"{target.path}: no Delta table to empty")
+        write_deltalake(table, schema.empty_table(), mode="overwrite", schema_mode="overwrite")
+        table.update_incremental()
+        if properties:
+            table.alter.set_table_properties(dict(properties), raise_if_not_exists=False)
 
     def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
         table = self._table(target)
@@ -587,12 +605,13 @@ class DeltaSparkWriter:
             self._ddl(f"ALTER TABLE {table} SET TBLPROPERTIES ({_properties_sql(properties)})")
         return [field.name for field in missing]
 
-    def copy_renamed(self, target: DeltaTarget, renames: Sequence[tuple[str, str]], before_position: str) -> int:
+    def copy_renamed(self, target: DeltaTarget, renames: Sequence[tuple[str, str]], before_position: str,
+                     changed_at: str) -> int:
         if not renames or self._history(target, 1) is None:
             return 0
         assignments = ", ".join(f"{quote_spark(new)} = {quote_spark(old)}" for old, new in renames)
         rows = self._spark.sql(f"UPDATE {self._table_ref(target)} SET {assignments} WHERE "
-                               f"{_renamed_rows(before_position, quote_spark)}").collect()
+                               f"{_renamed_rows(before_position, changed_at, quote_spark)}").collect()
         return int(rows[0][0]) if rows else 0
 
     def copy_table(self, source: DeltaTarget, target: DeltaTarget) -> int:
@@ -606,6 +625,11 @@ class DeltaSparkWriter:
     def _create(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> None:
         """Create the table with ``schema`` and ``properties`` unless it exists. In SQL: the Python
         ``DeltaTable`` builder needs Delta's Spark Connect plugin on a Connect server."""
+        self._ddl(f"CREATE TABLE IF NOT EXISTS {self._definition(target, schema, properties)}")
+
+    def _definition(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> str:
+        """``delta.`path` (columns) USING delta TBLPROPERTIES (...)`` of a table with ``schema`` and ``properties``
+        (and the properties its columns and this writer's settings need)."""
         columns = ", ".join(f"{quote_spark(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
                             for f in from_arrow_schema(schema).fields)
         if _needs_column_mapping(schema.names):
@@ -614,7 +638,12 @@ class DeltaSparkWriter:
             # A MERGE then marks the changed rows of a file deleted instead of rewriting the file.
             properties = {DELETION_VECTORS: "true", **properties}
         settings = f" TBLPROPERTIES ({_properties_sql(properties)})" if properties else ""
-        self._ddl(f"CREATE TABLE IF NOT EXISTS {self._table_ref(target)} ({columns}) USING delta{settings}")
+        return f"{self._table_ref(target)} ({columns}) USING delta{settings}"
+
+    def empty_table(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> None:
+        if self._history(target, 1) is None:
+            raise DeltaWriterError(f"{target.path}: no Delta table to empty")
+        self._ddl(f"REPLACE TABLE {self._definition(target, schema, properties)}")
 
     def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
         from pyspark.sql import functions as F

@@ -35,9 +35,17 @@ RAW_SCHEMA = pa.schema(
 # Messages per consume call: the call holds the GIL while it makes them, and a batch read ahead must
 # not keep the thread applying the current batch waiting (docs/tuning.md).
 _CONSUME_CHUNK = 2_000
+# How long a consume call waits for the messages it asks for. Short: a partition whose stop is past a
+# transaction marker waits for a message that never comes, and only the call's end shows its position past it.
+_CONSUME_WAIT_S = 0.1
+# How often a batch whose cut keeps nothing reads its topic's watermarks again while nothing more is there.
+_READ_ON_WAIT_S = 0.1
 # Errors of a source's first request that mean no broker is there (refused, unresolvable): not retried. A
 # timeout is retried: a broker busy starting up answers late.
 _UNREACHABLE = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE)
+# The headers Debezium puts on a primary-key change's delete (and its tombstone) and create: the records
+# ``core.key_changes.key_change_cut`` must keep together (``RawBatch.key_change_halves``).
+KEY_CHANGE_HEADERS = frozenset({"__debezium.newkey", "__debezium.oldkey"})
 # Where the address comes from, for the message that says it is wrong.
 _ADDRESS_HINT = ("set the address in the pipeline config's kafka.bootstrap_servers (the demo's config reads it from "
                  "CDC_KAFKA_BOOTSTRAP_SERVERS)")
@@ -102,6 +110,8 @@ class RawBatch:
     records_read: int  # tombstones included; kept when the records are let go (``without_records``)
     bytes_read: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    # The (partition, offset) of the records with a key-change header (``KEY_CHANGE_HEADERS``).
+    key_change_halves: frozenset[tuple[int, int]] = frozenset()
 
     @property
     def caught_up(self) -> bool:
@@ -127,7 +137,8 @@ def _continuing(end_offsets: Mapping[int, int], pieces: Sequence[RawBatch | None
             break
         carried = piece if carried is None else replace(
             carried, records=pa.concat_tables([carried.records, piece.records]), end_offsets=piece.end_offsets,
-            records_read=carried.records_read + piece.records_read, bytes_read=carried.bytes_read + piece.bytes_read)
+            records_read=carried.records_read + piece.records_read, bytes_read=carried.bytes_read + piece.bytes_read,
+            key_change_halves=carried.key_change_halves | piece.key_change_halves)
         at = dict(piece.end_offsets)
     return carried
 
@@ -151,9 +162,12 @@ def _split(batch: RawBatch, ends: Mapping[int, int]) -> tuple[RawBatch, RawBatch
     kept = pa.concat_tables([records.slice(0, first), records.slice(first).filter(before.slice(first))])
     rest = records.filter(past)
     size = sum(pc.sum(pc.binary_length(kept[name])).as_py() or 0 for name in ("key", "value"))
-    return (replace(batch, records=kept, end_offsets=dict(ends), records_read=kept.num_rows, bytes_read=size),
+    halves = frozenset(h for h in batch.key_change_halves if h[0] in ends and h[1] < ends[h[0]])
+    return (replace(batch, records=kept, end_offsets=dict(ends), records_read=kept.num_rows, bytes_read=size,
+                    key_change_halves=halves),
             replace(batch, records=rest, start_offsets=dict(ends), records_read=rest.num_rows,
-                    bytes_read=batch.bytes_read - size, timings={}))
+                    bytes_read=batch.bytes_read - size, timings={},
+                    key_change_halves=batch.key_change_halves - halves))
 
 
 class _Shares:
@@ -397,7 +411,8 @@ class KafkaSource:
         batch returned ends there, and counts only the records it keeps; the records past the cut
         start the next batch, read ahead from the cut without fetching them again. A cut at the
         batch's start offsets keeps nothing: the batch is read on, its bounds doubled each time,
-        until the cut keeps something or nothing more can be read (then it is returned whole).
+        until the cut keeps something or nothing more can be read for ``poll_timeout_s`` (then it is
+        returned whole).
 
         ``read_ahead``: when the batch stops short of the high watermarks, the next one (from its end
         offsets, same bounds) is read in the background while the caller applies this one, and the
@@ -439,6 +454,7 @@ class KafkaSource:
              ) -> tuple[RawBatch, RawBatch | None]:
         """``batch`` ended where ``cut`` says (``read_batch``), and the records read past it (None: none);
         ``past``: those read past ``batch`` already."""
+        idle_since: float | None = None  # since when reading on has found nothing more
         while True:
             asked = cut(batch)
             ends = {p: (asked or {}).get(p, end) for p, end in batch.end_offsets.items()}
@@ -447,11 +463,20 @@ class KafkaSource:
             if ends != batch.start_offsets:
                 kept, rest = _split(batch, ends)
                 return kept, _continuing(ends, (rest, past))
-            max_records, max_bytes = 2 * max_records, 2 * max_bytes
+            if idle_since is None:
+                max_records, max_bytes = 2 * max_records, 2 * max_bytes
             further, past = self._read(batch.topic, batch.start_offsets, max_records, max_bytes, poll_timeout_s,
                                        until, _continuing(batch.start_offsets, (batch, past)), decode)
-            if further.end_offsets == batch.end_offsets:
+            if further.end_offsets != batch.end_offsets:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= poll_timeout_s:
                 return batch, past  # nothing more to read: whole
+            else:
+                # What the cut waits for may be a moment behind what was read (a key change's other event,
+                # produced to another partition): the watermarks are read again until the poll timeout.
+                time.sleep(_READ_ON_WAIT_S)
             batch = replace(further, timings={k: batch.timings.get(k, 0.0) + further.timings.get(k, 0.0)
                                               for k in {*batch.timings, *further.timings}})
 
@@ -514,12 +539,13 @@ class KafkaSource:
         pending = [p for p in partitions if end[p] < stop[p]]
         chunks: list[pa.RecordBatch] = carried.records.to_batches() if carried is not None else []
         carried_chunks = len(chunks)
+        halves = set(carried.key_change_halves) if carried is not None else set()
         size = 0
         if pending:
             self._position_at(consumer, topic, read_to, pending)
             try:
-                size = self._consume(consumer, topic, pending, end, read_to, stop, chunks, max_records, max_bytes,
-                                     poll_timeout_s, carried)
+                size = self._consume(consumer, topic, pending, end, read_to, stop, chunks, halves, max_records,
+                                     max_bytes, poll_timeout_s, carried)
             except BaseException:
                 self._unassign_all(consumer)
                 raise
@@ -540,6 +566,7 @@ class KafkaSource:
             records_read=records.num_rows,
             bytes_read=size,
             timings={**timings, "to_arrow_s": time.perf_counter() - consumed},
+            key_change_halves=frozenset(halves),
         )
         past = None
         if read_to != end:  # records read past a partition's share: the next batch's first
@@ -579,12 +606,14 @@ class KafkaSource:
         self._assigned_at.clear()
 
     def _consume(self, consumer: Consumer, topic: str, pending: list[int], end: dict[int, int],
-                 fetched: dict[int, int], stop: Mapping[int, int], chunks: list[pa.RecordBatch], max_records: int,
-                 max_bytes: int, poll_timeout_s: float, carried: RawBatch | None = None) -> int:
+                 fetched: dict[int, int], stop: Mapping[int, int], chunks: list[pa.RecordBatch],
+                 halves: set[tuple[int, int]], max_records: int, max_bytes: int, poll_timeout_s: float,
+                 carried: RawBatch | None = None) -> int:
         """Read the ``pending`` partitions up to ``stop`` until the bounds, the ``carried`` records (the first
         of ``chunks``) taken first; the records as Arrow chunks of one consume call each. ``end``: where the
         batch ends in each partition; ``fetched``: where the records in ``chunks`` end, past ``end`` in a
-        partition read past its share. Returns the bytes of the records in ``chunks``.
+        partition read past its share; ``halves`` gets the records with a key-change header. Returns the
+        bytes of the records in ``chunks``.
 
         The bounds are shared out in rounds (``_Shares``): a partition that reached its share keeps the
         records it is handed out while the others take theirs, and what a partition could not use (it
@@ -637,7 +666,7 @@ class KafkaSource:
                 keys: list[bytes | None] = []
                 values: list[bytes | None] = []
                 passed: set[int] = set()  # partitions handed out records past their stops
-                for message in consumer.consume(wanted, timeout=1.0):
+                for message in consumer.consume(wanted, timeout=_CONSUME_WAIT_S):
                     error = message.error()
                     if error is not None:
                         if error.code() == KafkaError._PARTITION_EOF:
@@ -651,7 +680,9 @@ class KafkaSource:
                     if offset >= stop[read_from]:
                         passed.add(read_from)  # past the partition's stop: read again from there
                         continue
-                    key, value = message.key(), message.value()
+                    key, value, headers = message.key(), message.value(), message.headers()
+                    if headers and not KEY_CHANGE_HEADERS.isdisjoint(dict(headers)):
+                        halves.add((read_from, offset))
                     size = (len(key) if key else 0) + (len(value) if value else 0)
                     partitions.append(read_from)
                     offsets.append(offset)
@@ -670,8 +701,13 @@ class KafkaSource:
                                                    pa.array(keys, pa.binary()), pa.array(values, pa.binary())],
                                                   schema=RAW_SCHEMA))
                 for partition in passed:
-                    consumer.seek(TopicPartition(topic, partition, fetched[partition]))
-                    self._assigned_at[partition] = fetched[partition]  # unknown until it hands one out
+                    # A record past the stop means no record is left below it (a transaction marker's offset,
+                    # which no message shows): the partition is read to its stop, and read again from there.
+                    fetched[partition] = stop[partition]
+                    if partition not in keeping:
+                        end[partition] = stop[partition]
+                    consumer.seek(TopicPartition(topic, partition, stop[partition]))
+                    self._assigned_at[partition] = stop[partition]  # unknown until it hands one out
                 # Transaction markers and compacted-away records occupy offsets no message shows: when
                 # every record handed out of a partition was taken, a position at its stop means none is left.
                 checked = [TopicPartition(topic, p) for p in below if p not in passed and p not in keeping]

@@ -58,14 +58,26 @@ class RegistryEntry:
         return {field.name: field.dataType.simpleString() for field in self.columns.fields}
 
 
+def change_row(*, connector: str, table: str, change: str, primary_keys: tuple[str, ...], columns: T.StructType,
+               source_position: str, topic: str, partition: int, offset: int, run_id: str) -> dict[str, Any]:
+    """One applied table change as a registry row (what ``record_change`` appends)."""
+    return {"connector": connector, "table": table, "change": change,
+            "status": "retired" if change == "DROP" else "active", "primary_keys": json.dumps(list(primary_keys)),
+            "columns": columns.json(), "source_position": source_position, "topic": topic, "partition": partition,
+            "offset": offset, "applied_at": datetime.now(timezone.utc), "run_id": run_id}
+
+
 def record_change(path: str, storage_options: Mapping[str, str], *, connector: str, table: str, change: str,
                   primary_keys: tuple[str, ...], columns: T.StructType, source_position: str, topic: str,
                   partition: int, offset: int, run_id: str) -> None:
     """Append one applied table change to the registry."""
-    row = {"connector": connector, "table": table, "change": change,
-           "status": "retired" if change == "DROP" else "active", "primary_keys": json.dumps(list(primary_keys)),
-           "columns": columns.json(), "source_position": source_position, "topic": topic, "partition": partition,
-           "offset": offset, "applied_at": datetime.now(timezone.utc), "run_id": run_id}
+    append_change(path, storage_options, change_row(
+        connector=connector, table=table, change=change, primary_keys=primary_keys, columns=columns,
+        source_position=source_position, topic=topic, partition=partition, offset=offset, run_id=run_id))
+
+
+def append_change(path: str, storage_options: Mapping[str, str], row: Mapping[str, Any]) -> None:
+    """Append one applied table change (a ``change_row``) to the registry."""
     write_deltalake(path, pa.Table.from_pylist([row], schema=REGISTRY_SCHEMA), mode="append",
                     configuration=NEW_TABLE_PROPERTIES, storage_options=delta_rs_options(storage_options))
 
@@ -77,14 +89,15 @@ def change_order(row: Mapping[str, Any]) -> tuple:
     return row["source_position"] or "", row["topic"] or "", row["partition"], row["offset"]
 
 
-def read_history(path: str, storage_options: Mapping[str, str]) -> dict[tuple[str, str], list[RegistryEntry]]:
-    """Every registered change per (connector, table), in source order (``change_order``); a DROP carries
-    the columns and keys of the change before it. Empty when nothing was registered yet."""
+def read_history(path: str, storage_options: Mapping[str, str], pending: Mapping[str, Any] | None = None
+                 ) -> dict[tuple[str, str], list[RegistryEntry]]:
+    """Every registered change per (connector, table), in source order (``change_order``), with ``pending``
+    (a ``change_row`` not recorded yet) among them; a DROP carries the columns and keys of the change before
+    it. Empty when nothing was registered yet."""
     table = open_table(DeltaTarget(path, dict(storage_options)))
-    if table is None:
-        return {}
+    rows = table.to_pyarrow_table().to_pylist() if table is not None else []
     history: dict[tuple[str, str], list[RegistryEntry]] = {}
-    for row in sorted(table.to_pyarrow_table().to_pylist(), key=change_order):
+    for row in sorted([*rows, *([pending] if pending is not None else [])], key=change_order):
         changes = history.setdefault((row["connector"], row["table"]), [])
         columns = T.StructType.fromJson(json.loads(row["columns"]))
         keys = tuple(json.loads(row["primary_keys"]))

@@ -288,11 +288,15 @@ def end_offsets(bootstrap_servers: str, topic: str) -> dict[int, int]:
         consumer.close()
 
 
-def read_topic(bootstrap_servers: str, topic: str) -> list[TopicRecord]:
-    """Every record of ``topic`` up to its current end, in (partition, offset) order."""
+def read_topic(bootstrap_servers: str, topic: str, decode: Callable[[bytes], bytes] | None = None
+               ) -> list[TopicRecord]:
+    """Every record of ``topic`` up to its current end, in (partition, offset) order; ``decode`` turns each key
+    and value into the JSON converter's bytes first (an Avro topic's ``AvroRecords.to_json``)."""
     from confluent_kafka import Consumer, TopicPartition
 
     def payload(raw: bytes | None) -> Any:
+        if raw and decode is not None:
+            raw = decode(raw)
         parsed = json.loads(raw) if raw else None
         return parsed.get("payload", parsed) if isinstance(parsed, dict) and "schema" in parsed else parsed
 
@@ -317,6 +321,75 @@ def read_topic(bootstrap_servers: str, topic: str) -> list[TopicRecord]:
     finally:
         consumer.close()
     return sorted(records, key=lambda r: (r.partition, r.offset))
+
+
+@dataclass(frozen=True)
+class TransactionMarker:
+    """A BEGIN or END of a connector's transaction topic, where it is and what it says."""
+
+    partition: int
+    offset: int
+    status: str
+    id: str
+    event_count: int | None
+    collections: dict[str, int]
+
+    def key(self, kind: str) -> str:
+        """The transaction it belongs to: PostgreSQL ids are ``txID:LSN`` with the LSN of the marker itself (a
+        BEGIN's and its END's differ), so the txID; other connectors' ids are the same on BEGIN and END."""
+        return self.id.split(":", 1)[0] if kind == "postgresql" else self.id
+
+
+def transaction_markers(bootstrap_servers: str, topic: str, decode: Callable[[bytes], bytes] | None = None
+                        ) -> list[TransactionMarker]:
+    """Every marker of a transaction topic up to its current end, in (partition, offset) order."""
+    return [TransactionMarker(r.partition, r.offset, r.value["status"], r.value["id"], r.value.get("event_count"),
+                              {c["data_collection"]: c["event_count"] for c in r.value.get("data_collections") or []})
+            for r in read_topic(bootstrap_servers, topic, decode) if r.value is not None]
+
+
+def split_transactions(markers: Iterable[TransactionMarker], kind: str) -> dict[str, list[TransactionMarker]]:
+    """The transactions with a BEGIN and an END, not all in one partition of the topic, with their markers (a
+    transaction with no END, as MariaDB's TRUNCATE, is none of them)."""
+    by_key: dict[str, list[TransactionMarker]] = {}
+    for marker in markers:
+        by_key.setdefault(marker.key(kind), []).append(marker)
+    partitions = {key: [{m.partition for m in found if m.status == status} for status in ("BEGIN", "END")]
+                  for key, found in by_key.items()}
+    return {key: found for key, found in by_key.items()
+            if all(partitions[key]) and len(set.union(*partitions[key])) > 1}
+
+
+def reemitted_transactions(markers: Iterable[TransactionMarker], kind: str) -> dict[str, list[TransactionMarker]]:
+    """The transactions with more than one BEGIN or more than one END (a connector restarted inside or just after
+    them produces their markers again), with their markers in topic order per partition."""
+    by_key: dict[str, list[TransactionMarker]] = {}
+    for marker in markers:
+        by_key.setdefault(marker.key(kind), []).append(marker)
+    return {key: found for key, found in by_key.items()
+            if max(sum(m.status == status for m in found) for status in ("BEGIN", "END")) > 1}
+
+
+def wait_for_growth(bootstrap_servers: str, topic: str, since: Mapping[int, int], records: int = 1,
+                    timeout_s: float = 60) -> None:
+    """Wait until ``topic`` (which exists) holds at least ``records`` records past the end offsets ``since``: the
+    connector has produced (the first of) what was written after them. Returns within a few milliseconds of their
+    arrival, so that a kill right after lands before the worker stores an offset past them (it does every second)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"growth-{time.time_ns()}",
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 5})
+    try:
+        consumer.assign([TopicPartition(topic, partition, offset) for partition, offset in since.items()])
+        seen, deadline = 0, time.monotonic() + timeout_s
+        while seen < records:
+            message = consumer.poll(0.05)
+            seen += message is not None and message.error() is None
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{topic}: {seen} of {records} records produced past {dict(since)} in "
+                                     f"{timeout_s}s")
+    finally:
+        consumer.close()
 
 
 def header_key(record: TopicRecord, name: str) -> Any:

@@ -12,6 +12,11 @@ aspect has its own pipeline config over the same topics (its own Delta root), so
 A second connector with Apicurio's Avro converter and a real Apicurio Registry captures the transaction tables and the
 truncated table at the same time (``provide.transaction.metadata=true``, ``snapshot.mode=no_data``, no signals): its
 transaction topic and its TRUNCATE event, in Avro, are merged with ``format: avro`` as the JSON ones are.
+
+Last, the worker is killed (SIGKILL) while both connectors produce transactions over two more tables (``kill_a``,
+``kill_b``), and started again: each connector resumes on its stored offsets and produces again the markers of the
+transaction it resumes in (with other counts: as seen, a later END of ``event_count`` 0 and no data collections) and
+the markers and events of the transactions after it. Those tables are merged in transaction mode in both formats.
 """
 
 from __future__ import annotations
@@ -48,6 +53,11 @@ pytestmark = pytest.mark.conformance
 SEED = 43_1043
 SIGNAL_DSN_ENV = "CDC_MARIADB_SIGNAL_DSN"
 TX_TABLES = ("tx_a", "tx_b", "tx_c")
+KILL_TABLES = ("kill_a", "kill_b")  # written around the worker's kill: their own aspect, the others' stay as they were
+KILL_SEED = 43_1058
+KILL_ATTEMPTS = 3  # kills until both connectors announced a transaction again otherwise (the first one does, as seen)
+BIG_TX_ROWS = 30  # inserts per table of the transaction the worker is killed in: with its updates, deletes and
+# tombstones, fewer records than a batch even when produced twice (a transaction must fit in one)
 MAX_RECORDS = 100  # per table and batch: a partition's share of it is a third
 PARTITION_SHARE = MAX_RECORDS // 3
 BEFORE_CAPTURE = 400  # rows of each snap_* table that only an incremental snapshot brings (snapshot.mode=no_data)
@@ -56,7 +66,7 @@ SCHEMA = [
     "CREATE TABLE cdc_marker (id INT PRIMARY KEY)",
     # Debezium's signal table: the project inserts signals, the connector its snapshot-window watermarks.
     "CREATE TABLE debezium_signal (id VARCHAR(64) PRIMARY KEY, type VARCHAR(32) NOT NULL, data VARCHAR(2048))",
-    *(f"CREATE TABLE {t} (id INT PRIMARY KEY, v INT, note VARCHAR(64))" for t in TX_TABLES),
+    *(f"CREATE TABLE {t} (id INT PRIMARY KEY, v INT, note VARCHAR(64))" for t in (*TX_TABLES, *KILL_TABLES)),
     "CREATE TABLE snap_k (id INT PRIMARY KEY, v VARCHAR(64), n INT)",
     "CREATE TABLE snap_s (id INT PRIMARY KEY, v VARCHAR(64), n INT)",
     "CREATE TABLE trunc (id INT PRIMARY KEY, v VARCHAR(64))",
@@ -64,12 +74,12 @@ SCHEMA = [
 
 
 def tx_changes(sql: PsycopgLike, rng: random.Random, ids: dict[str, list[int]], next_id: list[int],
-               transactions: int, sizes: list[dict[str, int]]) -> None:
-    """``transactions`` seeded random transactions, each touching 2 or 3 of the tx tables with inserts, updates and
+               transactions: int, sizes: list[dict[str, int]], tables: tuple[str, ...] = TX_TABLES) -> None:
+    """``transactions`` seeded random transactions, each touching 2 or 3 of ``tables`` with inserts, updates and
     deletes; about one in four has more statements for one table than a partition's share of a batch (but fewer than
     a batch, tombstones included). Each transaction's statements per table are appended to ``sizes``."""
     for _ in range(transactions):
-        touched = rng.sample(TX_TABLES, rng.choice([2, 2, 3]))
+        touched = rng.sample(tables, min(len(tables), rng.choice([2, 2, 3])))
         big = rng.random() < 0.25
         counts = {table: rng.randint(PARTITION_SHARE + 5, MAX_RECORDS - 30) if big and index == 0
                   else rng.randint(1, 12) for index, table in enumerate(touched)}
@@ -106,6 +116,7 @@ class World(CapturedDatabase):
     tx_result: ExecuteInProcessResult | None = None
     avro_prefix: str = ""  # the Avro connector's topic prefix
     registry_url: str = ""  # its schema registry (the Confluent-compatible API)
+    kill_attempts: int = 0  # kills until both connectors announced a transaction again otherwise
 
     def config(self, aspect: str, tables: str, extra: str = "") -> str:
         """A pipeline config of the connector for one aspect (``tx``, ``snap``, ``trunc``: its own Delta root; an
@@ -126,15 +137,33 @@ connectors:
 {extra}    tables:
 {tables}"""
 
-    def tx_config(self, aspect: str = "tx") -> str:
-        """Transaction mode over the three tx tables."""
-        tables = "".join(f"      - {{name: {self.database}.{t}}}\n" for t in TX_TABLES)
-        return self.config(aspect, tables, "    transaction_metadata: true\n")
+    def tx_config(self, aspect: str = "tx", tables: tuple[str, ...] = TX_TABLES) -> str:
+        """Transaction mode over ``tables`` (the three tx tables)."""
+        names = "".join(f"      - {{name: {self.database}.{t}}}\n" for t in tables)
+        return self.config(aspect, names, "    transaction_metadata: true\n")
 
-    def merge_tx(self, aspect: str = "tx") -> ExecuteInProcessResult:
-        """``cdc_merge_job`` of the tx tables with batches of ``MAX_RECORDS`` records (run config)."""
-        return h.run_job(self.tx_config(aspect), run_config={
+    def merge_tx(self, aspect: str = "tx", tables: tuple[str, ...] = TX_TABLES) -> ExecuteInProcessResult:
+        """``cdc_merge_job`` of ``tables`` (the tx tables) with batches of ``MAX_RECORDS`` records (run config)."""
+        return h.run_job(self.tx_config(aspect, tables), run_config={
             "ops": {f"maria_{aspect}_merge": {"config": {"max_records_per_batch": MAX_RECORDS}}}})
+
+    def markers(self, avro: bool = False) -> list[h.TransactionMarker]:
+        """The markers of the JSON (or the Avro) connector's transaction topic."""
+        prefix = self.avro_prefix if avro else self.prefix
+        return h.transaction_markers(self.bootstrap_servers, f"{prefix}.transaction",
+                                     self.more_prefixes[prefix] if avro else None)
+
+    def reemitted(self, avro: bool = False) -> dict[str, list[h.TransactionMarker]]:
+        """The transactions over the kill tables whose markers a connector produced more than once."""
+        return {key: markers for key, markers in h.reemitted_transactions(self.markers(avro), "mariadb").items()
+                if any(c.rsplit(".", 1)[-1] in KILL_TABLES for m in markers for c in m.collections)}
+
+    def recounted(self, avro: bool = False) -> dict[str, list[h.TransactionMarker]]:
+        """Of those, the transactions with a later END that announces other counts than an earlier one (a connector
+        that resumes inside a transaction it had produced whole announces it again with what it produced since)."""
+        return {key: markers for key, markers in self.reemitted(avro).items()
+                if len({(m.event_count, tuple(sorted(m.collections.items())))
+                        for m in markers if m.status == "END"}) > 1}
 
     def snap_config(self) -> str:
         """The snapshotted tables, with both signal channels (each job run names one)."""
@@ -218,7 +247,8 @@ def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker, sc
         connect_worker.register(avro_prefix, mariadb.connector_config(
             avro_prefix, [database], broker.bootstrap_servers, **converter_settings(schema_registry.url), **{
                 "snapshot.mode": "no_data", "provide.transaction.metadata": "true",
-                "table.include.list": ",".join(f"{database}.{t}" for t in ("cdc_marker", *TX_TABLES, "trunc"))}))
+                "table.include.list": ",".join(f"{database}.{t}" for t in ("cdc_marker", *TX_TABLES, "trunc",
+                                                                           *KILL_TABLES))}))
         try:
             connect_worker.wait_running(prefix)
             connect_worker.wait_running(avro_prefix)
@@ -251,12 +281,53 @@ def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker, sc
                 sql.execute("INSERT INTO trunc VALUES (%s, %s)", [row_id, f"after truncate {row_id}"])
             sql.execute("UPDATE trunc SET v = 'after truncate, updated' WHERE id = 31")
             world.wait_for_marker(sql)
+
+            # Phase 3: the worker killed while both connectors produce transactions over the kill tables, and
+            # started again on their stored offsets; transactions go on while it is down and after.
+            time.sleep(2.5)  # offsets are stored every second: nothing of the phases before is produced again
+            _kill_mid_transaction(world, sql, broker.bootstrap_servers)
             yield world
         finally:
             world.close()
             connect_worker.delete(prefix)
             connect_worker.delete(avro_prefix)
             os.environ.pop(SIGNAL_DSN_ENV, None)
+
+
+def _kill_mid_transaction(world: World, sql: PsycopgLike, bootstrap_servers: str) -> None:
+    """Kill the worker (SIGKILL) once both connectors produced a transaction over the kill tables and stored their
+    offsets in it (a restart resumes in it), as soon as the first events of a bigger transaction written next reach
+    the topics (the stored offsets are behind it: it is produced again). Transactions are written while the worker
+    is down and after it started again. Again, with a seeded delay before the kill, until both connectors have
+    announced a kill-table transaction again with other counts (``World.recounted``)."""
+    rng = random.Random(KILL_SEED)
+    ids: dict[str, list[int]] = {t: [] for t in KILL_TABLES}
+    next_id = [1]
+    sizes: list[dict[str, int]] = []  # the kill tables' transactions are not the tx tables' (``World.tx_sizes``)
+    tx_changes(sql, rng, ids, next_id, 10, sizes, KILL_TABLES)
+    world.wait_for_marker(sql)
+    markers = [f"{prefix}.transaction" for prefix in (world.prefix, world.avro_prefix)]
+    topic = f"{world.prefix}.{world.database}.{KILL_TABLES[0]}"
+    while world.kill_attempts < KILL_ATTEMPTS:
+        world.kill_attempts += 1
+        since = {name: h.end_offsets(bootstrap_servers, name) for name in markers}
+        tx_changes(sql, rng, ids, next_id, 1, sizes, KILL_TABLES)
+        for name in markers:  # its BEGIN and END
+            h.wait_for_growth(bootstrap_servers, name, since[name], records=2)
+        time.sleep(2.5)  # offsets are stored every second
+        since = {topic: h.end_offsets(bootstrap_servers, topic)}
+        next_id[0] = w.big_transaction(sql, rng, ids, next_id[0], BIG_TX_ROWS)
+        h.wait_for_growth(bootstrap_servers, topic, since[topic])
+        time.sleep(rng.uniform(0, 0.5) if world.kill_attempts > 1 else 0)
+        world.worker.kill()
+        tx_changes(sql, rng, ids, next_id, 5, sizes, KILL_TABLES)
+        world.worker.start()
+        for name in (world.prefix, world.avro_prefix):
+            world.worker.wait_running(name)
+        tx_changes(sql, rng, ids, next_id, 5, sizes, KILL_TABLES)
+        world.wait_for_marker(sql)
+        if world.recounted() and world.recounted(avro=True):
+            return
 
 
 def _assert_equal(world: World, aspect: str, table: str, actual: dict[str, h.Normaliser]) -> None:
@@ -380,3 +451,39 @@ def test_transactions_and_a_truncate_in_avro(world):
                     run_config={"ops": {"maria_trunc_avro_merge": {"config": {"max_records_per_batch": 7}}}})
     assert run.success, h.failures(run)
     _assert_equal(world, "trunc_avro", "trunc", {"v": h.typed(str)})
+
+
+def test_each_transaction_has_its_begin_and_end_in_one_partition_of_three(world):
+    """The transaction topics have 3 partitions (``topic.creation.default.partitions=3``), but MariaDB's BEGIN and END
+    carry the same id (the GTID), so the same key: each transaction's markers share a partition, in both formats."""
+    for avro in (False, True):
+        prefix = world.avro_prefix if avro else world.prefix
+        assert len(h.end_offsets(world.bootstrap_servers, f"{prefix}.transaction")) == 3, prefix
+        markers = world.markers(avro)
+        assert {m.partition for m in markers} == {0, 1, 2}, prefix
+        assert h.split_transactions(markers, "mariadb") == {}, prefix
+
+
+@pytest.mark.parametrize("aspect", ["kill", "kill_avro"])
+def test_markers_produced_again_after_a_kill_mid_transaction_leave_no_transaction_waiting(world, aspect):
+    """The worker killed while producing a transaction, restarted on its stored offsets: each connector produced
+    kill-table transactions' markers again (two BEGINs and ENDs of one GTID), one of them with a later END that
+    announces other counts than the first (as seen: ``event_count`` 0 and no data collections, the connector having
+    resumed inside the transaction and skipped its events). Transaction mode, in batches of 100 records, still leaves
+    each kill table equal to the source, caught up, with every transaction reconciled and none left waiting."""
+    avro = aspect.endswith("_avro")
+    again = world.reemitted(avro)
+    assert again, "no marker produced again after the kill: the workload does not test what it means to"
+    assert world.recounted(avro), ("no transaction announced again with other counts after the kill", again)
+    run = world.merge_tx(aspect, KILL_TABLES)
+    assert run.success, h.failures(run)
+    for table in KILL_TABLES:
+        _assert_equal(world, aspect, table, {"v": h.typed(int), "note": h.typed(str)})
+    checks = {(e.asset_key.path[-1], e.check_name): e for e in run.get_asset_check_evaluations()}
+    for table in KILL_TABLES:
+        reconciled = checks[(table, "transactions_reconciled")]
+        assert reconciled.passed, (table, reconciled.description, reconciled.metadata)
+        [*_, last] = [e.materialization for e in run.get_asset_materialization_events()
+                      if e.asset_key.path[-1] == table]
+        assert last.metadata["caught_up"].value is True, (table, last.metadata)
+        assert last.metadata["transactions_waiting"].value == {}, (table, last.metadata)

@@ -8,6 +8,15 @@ table (the oracle) in every apply mode.
 One connector registration feeds every test of this module. The worker is stopped and started mid-stream
 (writes go on while it is down), then killed (SIGKILL) and started: the connector resumes from its stored
 offsets each time, with no new snapshot.
+
+The connector also provides transaction metadata (``provide.transaction.metadata=true``): its transaction topic
+gets 3 partitions too, and a PostgreSQL transaction's BEGIN and END have other ids (``txID:LSN``, each with its own
+LSN), so other keys and often other partitions. Seeded multi-table transactions over ``tx_a`` and ``tx_b`` run beside
+the random workload, and the worker is killed as soon as the first events of one reach the topic: the restarted
+connector produces again, with the same ids and positions, every marker and event after its last stored offset
+(as seen: that transaction's BEGIN twice before its one END, and some of its events twice). Transaction mode
+(``transaction_metadata: true``) merges them in batches of 100 records, mid-stream and at the end, under its own
+Delta root.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from dagster import ExecuteInProcessResult
 
 from tests.conformance import harness as h
 from tests.conformance import workloads as w
@@ -30,6 +40,11 @@ from tests.connect import ConnectWorker
 pytestmark = pytest.mark.conformance
 
 SEED = 43_2026
+TX_SEED = 43_2058  # the transactions' own generator: the random workload stays what it was
+TX_TABLES = ("tx_a", "tx_b")
+TX_BATCH = 100  # records per batch of transaction mode: a partition's share is a third
+BIG_TX_ROWS = 30  # inserts per table of the transaction the worker is killed in: with its updates, deletes and
+# tombstones, fewer records than a batch even when produced twice (a transaction must fit in one)
 OLD_KEY, NEW_KEY = "__debezium.oldkey", "__debezium.newkey"
 
 
@@ -50,6 +65,8 @@ class ConnectRun:
     key_changes: dict[str, list[tuple[int, int]]] = field(default_factory=lambda: {"rnd": [], "rnd_late": []})
     midstream_failures: list[str] = field(default_factory=list)
     merged: list[str] | None = None
+    midstream_tx: list[str] = field(default_factory=list)
+    tx_result: ExecuteInProcessResult | None = None
 
     def topic(self, table: str) -> str:
         """The topic of a source table."""
@@ -77,6 +94,31 @@ connectors:
       - {{name: public.rnd_scd2, topic: {self.topic("rnd")}, path: kc/rnd_scd2, apply_mode: scd2}}
       - {{name: public.rnd_late}}
 """
+
+    def tx_config(self) -> str:
+        """Transaction mode over the transaction tables, with small batches and every check after the merge."""
+        return f"""\
+kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
+delta: {{root: "{self.root / 'tx'}", writer: delta-rs}}
+batch: {{max_records: {TX_BATCH}, poll_timeout_s: 5, max_batches_per_run: 200}}
+checks_after_merge: all
+connectors:
+  - name: kctx
+    kind: postgresql
+    topic.prefix: {self.prefix}
+    transaction_metadata: true
+    tables:
+""" + "".join(f"      - {{name: public.{table}}}\n" for table in TX_TABLES)
+
+    def merge_tx(self) -> ExecuteInProcessResult:
+        """``cdc_merge_job`` in transaction mode, run once at the end (the result is kept)."""
+        if self.tx_result is None:
+            self.tx_result = h.run_job(self.tx_config())
+        return self.tx_result
+
+    def tx_path(self, table: str) -> Path:
+        """Where a transaction table's Delta table is (transaction mode's root)."""
+        return self.root / "tx" / self.prefix / "public" / table
 
     def path(self, table: str, apply_mode: str = "scd1") -> Path:
         """Where a table's Delta table is, per apply mode (the config's paths)."""
@@ -130,12 +172,19 @@ def run(broker: Any, postgres: Any, connect_worker: ConnectWorker,
     rng = random.Random(SEED)
     rnd_ids: list[int] = []
     late_ids: list[int] = []
+    tx_rng = random.Random(TX_SEED)
+    tx_ids: dict[str, list[int]] = {table: [] for table in TX_TABLES}
+    next_tx = 1
     with psycopg.connect(dsn, autocommit=True) as connection:
         connection.execute(f"CREATE TABLE cdc_marker (id int PRIMARY KEY); CREATE TABLE rnd {w.RND_COLUMNS}")
+        for table in TX_TABLES:
+            connection.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, v int, note text)")
         next_rnd = w.rnd_changes(connection, rng, rnd_ids, 1, 60)  # before capture: the initial snapshot's rows
         captured.snapshot_rows = len(rnd_ids)
         config = h.connect_config(captured.prefix, h.parse_dsn(dsn),
-                                  ["public.rnd", "public.rnd_late", "public.cdc_marker"])
+                                  ["public.rnd", "public.rnd_late", "public.cdc_marker",
+                                   *(f"public.{table}" for table in TX_TABLES)],
+                                  **{"provide.transaction.metadata": "true"})
         connect_worker.register(name, config)
         try:
             connect_worker.wait_running(name)
@@ -144,12 +193,15 @@ def run(broker: Any, postgres: Any, connect_worker: ConnectWorker,
             # A table created mid-stream: captured only if the publication covers tables created later.
             connection.execute(f"CREATE TABLE rnd_late {w.RND_COLUMNS}")
             next_late = w.rnd_changes(connection, rng, late_ids, 1, 80, "rnd_late", captured.key_changes["rnd_late"])
+            next_tx = w.tx_changes(connection, tx_rng, tx_ids, next_tx, 25)
             _marker(connection, captured, connect_worker, name, 1)
             captured.midstream_failures = captured.merge()
             captured.merged = None
+            captured.midstream_tx = h.failures(h.run_job(captured.tx_config()))
 
             # The worker stopped gracefully mid-stream, writes while it is down, started again.
             next_rnd = w.rnd_changes(connection, rng, rnd_ids, next_rnd, 100, key_changes=captured.key_changes["rnd"])
+            next_tx = w.tx_changes(connection, tx_rng, tx_ids, next_tx, 10)
             _marker(connection, captured, connect_worker, name, 2)
             captured.stored_offsets.append(connect_worker.offsets(name))
             captured.ends_before_restart = {t: h.end_offsets(broker.bootstrap_servers, captured.topic(t))
@@ -162,12 +214,18 @@ def run(broker: Any, postgres: Any, connect_worker: ConnectWorker,
             connect_worker.wait_running(name)
             _marker(connection, captured, connect_worker, name, 3)
 
-            # Killed (SIGKILL) while streaming: what came after its last stored offset is produced again.
+            # Killed (SIGKILL) while streaming, in the middle of producing a multi-table transaction: what came after
+            # its last stored offset is produced again, that transaction's markers and events included.
             next_rnd = w.rnd_changes(connection, rng, rnd_ids, next_rnd, 100, key_changes=captured.key_changes["rnd"])
+            since = h.end_offsets(broker.bootstrap_servers, captured.topic("tx_a"))
+            next_tx = w.big_transaction(connection, tx_rng, tx_ids, next_tx, BIG_TX_ROWS)
+            h.wait_for_growth(broker.bootstrap_servers, captured.topic("tx_a"), since)
             connect_worker.kill()
             next_rnd = w.rnd_changes(connection, rng, rnd_ids, next_rnd, 50, key_changes=captured.key_changes["rnd"])
+            next_tx = w.tx_changes(connection, tx_rng, tx_ids, next_tx, 10)
             connect_worker.start()
             connect_worker.wait_running(name)
+            w.tx_changes(connection, tx_rng, tx_ids, next_tx, 10)
             w.rnd_changes(connection, rng, late_ids, next_late, 40, "rnd_late", captured.key_changes["rnd_late"])
             _marker(connection, captured, connect_worker, name, 4)
             captured.stored_offsets.append(connect_worker.offsets(name))
@@ -249,3 +307,48 @@ def test_primary_key_changes_carry_the_old_and_new_key_headers(run):
         changed = {old for old, _ in changes} | {new for _, new in changes}
         plain = [r for r in records if r.key["id"] not in changed]
         assert plain and not [r for r in plain if OLD_KEY in r.headers or NEW_KEY in r.headers]
+
+
+def _assert_transaction_tables_equal_the_source(run: ConnectRun) -> ExecuteInProcessResult:
+    """Transaction mode merged without a failure, mid-stream and at the end, and each transaction table equals the
+    source; the run's result."""
+    result = run.merge_tx()
+    failed = h.failures(result)
+    assert not run.midstream_tx and not failed, run.midstream_tx + failed
+    for table in TX_TABLES:
+        h.assert_same_rows(run.dsn, run.bootstrap_servers, run.topic(table), run.tx_path(table),
+                           f"SELECT * FROM {table}", {}, {"v": h.typed(int), "note": h.typed(str)})
+    return result
+
+
+def test_transactions_split_over_a_three_partition_transaction_topic_are_applied_whole(run):
+    """The transaction topic has 3 partitions (``topic.creation.default.partitions=3``), and the BEGIN and END of
+    some transactions are in different ones (their ids, so their keys, differ). Transaction mode, in batches of 100
+    records mid-stream and at the end, leaves each table equal to the source, and every transaction is
+    reconciled."""
+    topic = f"{run.prefix}.transaction"
+    assert len(h.end_offsets(run.bootstrap_servers, topic)) == 3
+    split = h.split_transactions(h.transaction_markers(run.bootstrap_servers, topic), "postgresql")
+    assert split, "every BEGIN in its END's partition: the workload does not test what it means to"
+    result = _assert_transaction_tables_equal_the_source(run)
+    checks = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
+    for table in TX_TABLES:
+        reconciled = checks[(table, "transactions_reconciled")]
+        assert reconciled.passed, (table, reconciled.description, reconciled.metadata)
+
+
+def test_markers_produced_again_after_a_kill_leave_no_transaction_waiting(run):
+    """The worker killed while producing a big multi-table transaction produces markers of a transaction over the
+    transaction tables again once restarted on its stored offsets (two BEGINs or two ENDs of one transaction), and
+    its events. Every table still ends equal to the source, caught up, with no transaction left waiting."""
+    markers = h.transaction_markers(run.bootstrap_servers, f"{run.prefix}.transaction")
+    again = {key: found for key, found in h.reemitted_transactions(markers, "postgresql").items()
+             if any(name.rsplit(".", 1)[-1] in TX_TABLES for marker in found for name in marker.collections)}
+    assert again, "no marker of a transaction over tx_a/tx_b produced again after the kill: the workload does not " \
+                  "test what it means to"
+    result = _assert_transaction_tables_equal_the_source(run)
+    for table in TX_TABLES:
+        [*_, last] = [e.materialization for e in result.get_asset_materialization_events()
+                      if e.asset_key.path[-1] == table]
+        assert last.metadata["caught_up"].value is True, (table, last.metadata)
+        assert last.metadata["transactions_waiting"].value == {}, (table, last.metadata)

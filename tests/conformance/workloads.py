@@ -299,3 +299,24 @@ def snap_changes(connection: psycopg.Connection, rng: random.Random, table: str,
             ids.remove(old)
             connection.execute(f"DELETE FROM {table} WHERE id = %s", [old])
     return next_id
+
+
+def big_transaction(connection: Any, rng: random.Random, ids: dict[str, list[int]], next_id: int, rows: int) -> int:
+    """One transaction over every table of ``ids`` (columns ``id, v, note``): ``rows`` inserts into each (multi-row
+    statements), then ``rows / 10`` updates and ``rows / 20`` deletes of its live rows. ``connection``: psycopg's, or
+    anything with its ``execute`` and ``transaction``; returns the next id."""
+    with connection.transaction():
+        for table, live in ids.items():
+            for start in range(0, rows, 200):
+                chunk = range(next_id + start, next_id + min(rows, start + 200))
+                connection.execute(f"INSERT INTO {table} VALUES " + ", ".join(["(%s, %s, %s)"] * len(chunk)),
+                                   [value for row_id in chunk for value in (row_id, rng.randint(0, 100),
+                                                                            f"big {row_id}")])
+            live.extend(range(next_id, next_id + rows))
+            next_id += rows
+            for row_id in rng.sample(live, rows // 10):
+                connection.execute(f"UPDATE {table} SET v = v + 1, note = %s WHERE id = %s", ["big update", row_id])
+            for row_id in rng.sample(live, rows // 20):
+                live.remove(row_id)
+                connection.execute(f"DELETE FROM {table} WHERE id = %s", [row_id])
+    return next_id

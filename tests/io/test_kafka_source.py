@@ -1,7 +1,9 @@
 """The Kafka source reads bounded, contiguous batches from given offsets on the real broker."""
 
+import time
+
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, Producer
 
 from cdc_assets.io.kafka_source import KafkaSource, SourceError, UnknownTopicError
 from tests.conftest import new_topic, produce
@@ -445,3 +447,69 @@ def test_a_cut_that_keeps_nothing_reads_on_without_fetching_again(broker, counti
     assert asked == [10, 20, 40, 60]  # 10, then doubled bounds: 20, 40, 80 (the topic's 60)
     assert _by_partition(batch) == {0: list(range(60))} and batch.caught_up and batch.records_read == 60
     assert counting.handed_out == {(0, o): 1 for o in range(60)}
+
+
+def _transactional_producer(broker, topic):
+    """A producer writing in transactions, as Kafka Connect does with ``exactly.once.source.support``."""
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"tx-{topic}"})
+    producer.init_transactions(30)
+    return producer
+
+
+@pytest.mark.parametrize(("max_records", "until"), [(4, None), (1000, {0: 6})])
+def test_a_stop_offset_on_a_transaction_marker_ends_the_batch_at_once(broker, source, max_records, until):
+    """A transactional producer's commit marker takes an offset that no record shows: a partition whose
+    consumer position passed it is read to its end, also when records follow the marker (a batch stopped
+    before them by ``until``, or by a high watermark read while the producer goes on), and the next batch
+    starts past it."""
+    topic = new_topic(broker, "src.txmarker", partitions=2)
+    producer = _transactional_producer(broker, topic)
+    for partition, count in ((0, 5), (1, 3), (0, 2)):
+        producer.begin_transaction()
+        for key, value in records(count, f"p{partition}-"):
+            producer.produce(topic, key=key, value=value, partition=partition)
+        producer.commit_transaction(30)
+    # Partition 0: records 0-4, a marker at 5, records 6-7, a marker at 8; partition 1: records 0-2, a marker at 3.
+    started, batches, offsets = time.monotonic(), [], None
+    while not batches or not batches[-1].caught_up:
+        batches.append(source.read_batch(topic, offsets, max_records, 10**9, poll_timeout_s=10, read_ahead=True,
+                                         until=until))
+        assert offsets is None or batches[-1].start_offsets == offsets
+        offsets = batches[-1].end_offsets
+        if until is not None:
+            break
+    assert time.monotonic() - started < 5  # not the poll timeout (10 s)
+    if until is not None:
+        assert offsets == {0: 6, 1: 4} and _records_of(batches) == [(0, o) for o in range(5)] + [(1, o) for o in
+                                                                                                   range(3)]
+        return
+    assert offsets == batches[-1].high_watermarks == {0: 9, 1: 4}
+    assert sorted(_records_of(batches)) == [(0, o) for o in [*range(5), 6, 7]] + [(1, o) for o in range(3)]
+    again = source.read_batch(topic, offsets, 1000, 10**9, poll_timeout_s=10)
+    assert again.records.num_rows == 0 and again.end_offsets == {0: 9, 1: 4}
+
+
+def test_a_batch_notes_the_records_with_a_key_change_header_wherever_it_is_split(broker, source):
+    """Debezium's key-change headers (``__debezium.newkey`` on a key change's delete and tombstone,
+    ``__debezium.oldkey`` on its create) are noted by (partition, offset) for the batch that holds the record:
+    through bounds shared out, records kept past a share, cuts and batches read ahead."""
+    topic = new_topic(broker, "src.keyheaders", partitions=2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    marked = set()
+    for partition in range(2):
+        for offset, (key, value) in enumerate(records(40, f"p{partition}-")):
+            headers = [("__debezium.context.taskId", b"0")]
+            if offset % 7 == partition:
+                headers.append(("__debezium.newkey" if offset % 2 else "__debezium.oldkey", key))
+                marked.add((partition, offset))
+            producer.produce(topic, key=key, value=value, partition=partition, headers=headers)
+    assert producer.flush(30) == 0
+
+    def two_thirds(batch):
+        return {p: end - (end - batch.start_offsets[p]) // 3 for p, end in batch.end_offsets.items()}
+
+    batches = _drain(source, topic, 15, cut=two_thirds)
+    assert sorted(_records_of(batches)) == [(p, o) for p in range(2) for o in range(40)]
+    for batch in batches:
+        assert batch.key_change_halves == {(p, o) for p, o in marked
+                                           if batch.start_offsets[p] <= o < batch.end_offsets[p]}

@@ -12,6 +12,8 @@ from cdc_assets.core.position import source_position_of
 from cdc_assets.core.schema_change import SchemaChangeError
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.events import db2_source, encode_key, envelope
+from cdc_assets.io.registry import read_registry
+from cdc_assets.resources import registry_path
 from tests.conftest import produce
 from tests.io.test_signals import read_topic
 
@@ -193,6 +195,28 @@ def test_schema_changes_applied_in_any_order_give_the_same_table(broker, tmp_pat
     columns, dropped, retired = tables["source"]
     assert {"ID", "FIRST_NAME", "LAST_NAME", "EMAIL", "PHONE"} <= columns
     assert (dropped, retired) == ("EMAIL", "false")
+
+
+def test_a_failed_schema_change_run_leaves_the_registry_as_it_was(broker, tmp_path):
+    """An ALTER the wide-type policy refuses fails its run before the table changes: the registry keeps the
+    CREATE as the table's latest change (the asset loads as before), so a retry does the whole change."""
+    key = encode_key({"databaseName": "TESTDB"})
+    amount = {"name": "AMOUNT", "jdbcType": 3, "typeName": "decimal", "length": 10, "scale": 2, "position": 5}
+    produce(broker, new_topic_named(broker, prefix := f"faildb_{uuid.uuid4().hex[:8]}"), [
+        (key, schema_change("CREATE", [*COLUMNS, amount])),
+        (key, schema_change("ALTER", [*COLUMNS, {**amount, "scale": 4}], commit_lsn="00000027:00000001:0001",
+                            snapshot="false"))])
+    with DagsterInstance.ephemeral() as instance:
+        defs = load(broker, tmp_path, prefix)
+        create, alter = tick(defs, instance, "schema_change_sensor").run_requests
+        run_requested(defs, create, instance)
+        failed = defs.resolve_job_def("apply_schema_change_job").execute_in_process(
+            run_config=alter.run_config, instance=instance, raise_on_error=False)
+        assert not failed.success
+        assert "the wide-type policy cannot absorb" in str(failed.get_step_failure_events()[0].event_specific_data)
+        config = parse_config(CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path, prefix=prefix))
+        entry = read_registry(registry_path(config), {})[("db2", "DB2INST1.CUSTOMERS")]
+        assert entry.change == "CREATE"
 
 
 def test_a_malformed_schema_change_event_stops_the_cursor_before_it(broker, tmp_path):
