@@ -129,8 +129,9 @@ def table_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpe
     if table.transaction_log is not None:
         specs += [
             AssetCheckSpec("transactions_reconciled", asset=key, blocking=True, description=(
-                f"Every transaction's END count of events for {name} is matched by the events in its topic, "
-                f"and no transaction has blocked it for {duration_text(table.transaction_timeout_s)} or more.")),
+                f"No transaction has kept {name} from applying anything for "
+                f"{duration_text(table.transaction_timeout_s)} or more (events its END announces missing, or no "
+                "END).")),
             AssetCheckSpec("consistent_watermark_fresh", asset=key, description=(
                 f"The connector's consistent watermark is at most {duration_text(table.max_watermark_lag_s)} old.")),
         ]
@@ -301,18 +302,18 @@ def _schema_matches_source(table: CapturedTable, key: AssetKey, delta: DeltaReso
 
 
 def _transactions_reconciled(table: CapturedTable, key: AssetKey, last: Mapping[str, Any]) -> AssetCheckResult:
-    """Fails on a transaction whose END announces more events than the table's topic holds, and on one that has
-    kept the table from applying anything for ``transaction_timeout_s`` (events missing, or no END)."""
+    """Fails on a transaction that has kept the table from applying anything for ``transaction_timeout_s``: its
+    END announces more events than the table's topic holds, or there is no END naming the table. One that is
+    incomplete for less long passes, listed: a connector writes the END and the events to different
+    partitions, and a restarted one writes again what it had not stored as sent."""
     incomplete: dict[str, Any] = dict(last.get("transactions_incomplete") or {})
     stalled: dict[str, Any] = dict(last.get("transactions_stalled") or {})
-    problems = [f"transaction {tx}: END announces {n['expected']} events for {table.name}, the topic holds {n['seen']}"
-                for tx, n in incomplete.items()]
-    problems += [f"transaction {tx} has kept {table.name} from applying anything for {duration_text(n['waiting_s'])}: "
-                 + (f"{n['seen']} of the {n['expected']} events its END announces are in the topic"
-                    if n["expected"] is not None else
-                    f"{n['seen']} of its events are in the topic and the transaction log has no END naming "
-                    f"{table.name} for it")
-                 for tx, n in stalled.items() if tx not in incomplete]
+    problems = [(f"transaction {tx}: END announces {n['expected']} events for {table.name}, the topic holds {n['seen']}"
+                 if n["expected"] is not None else
+                 f"transaction {tx}: {n['seen']} of its events for {table.name} are in the topic and the transaction "
+                 f"log has no END naming {table.name} for it")
+                + f"; it has kept {table.name} from applying anything for {duration_text(n['waiting_s'])}"
+                for tx, n in stalled.items()]
     return AssetCheckResult(asset_key=key, check_name="transactions_reconciled", passed=not problems,
                             description="; ".join(problems) or None,
                             metadata={"incomplete_transactions": sorted(incomplete),
