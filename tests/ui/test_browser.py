@@ -95,13 +95,16 @@ def test_the_tour_in_the_ui(tour):
             with page.expect_response(launch, timeout=120_000) as launched:
                 materialize_all.click()
             # The UI runs the first job (by name) holding the selected tables, with that job's checks of them:
-            # CDC_merge_from_UI, each table's blocking check only (not the 15 of Dagster's own asset job).
+            # CDC_merge_from_UI, each table's blocking checks only (not the 15 of Dagster's own asset job): the key
+            # check, and on PostgreSQL's tables the unavailable values' check.
             selector = json.loads(launched.value.request.post_data)["variables"]["executionParams"]["selector"]
             assert selector["pipelineName"] == "CDC_merge_from_UI", selector
             checks = selector["assetCheckSelection"]
             assert sorted((check["name"], "/".join(check["assetKey"]["path"])) for check in checks) == [
                 ("primary_key", "dbserver1/inventory/customers"), ("primary_key", "dbserver1/inventory/products"),
-                ("primary_key", "server1/dbo/orders")], checks
+                ("primary_key", "server1/dbo/orders"),
+                ("unavailable_values_kept", "dbserver1/inventory/customers"),
+                ("unavailable_values_kept", "dbserver1/inventory/products")], checks
             page.goto(base + "/assets/dbserver1/inventory/products")
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
