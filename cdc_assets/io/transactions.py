@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pds
 from deltalake import DeltaTable, write_deltalake
 
@@ -68,8 +69,7 @@ WATERMARK_SCHEMA = pa.schema([
 ])
 
 
-_INGEST_ATTEMPTS = 5
-  # ingests racing one another: each lost race still moves the log on
+_INGEST_ATTEMPTS = 5  # ingests racing one another: each lost race still moves the log on
 
 
 class TransactionLogError(RuntimeError):
@@ -159,8 +159,11 @@ class TransactionLog:
         dataset = self._dataset()
         if dataset is None:
             return -1
-        ends = self._ends(dataset, pds.scalar(True))
-        return ends[-1]["position"] if ends else -1
+        column = "position" if "position" in dataset.schema.names else "offset"
+        rows = dataset.to_table(columns=list(dict.fromkeys(["offset", column])), filter=pds.field("status") == "END")
+        # Rows of a log written before positions were recorded hold none: their offset orders them.
+        positions = pc.coalesce(rows[column], rows["offset"])
+        return pc.max(positions).as_py() if len(positions) else -1
 
     def transaction_at(self, position: int) -> tuple[str, int | None] | None:
         """The END at or before commit position ``position`` that is latest: (id, ts_ms)."""
