@@ -457,6 +457,26 @@ def test_markers_and_events_a_restarted_connector_emits_again_complete_the_trans
     assert values(spark, writer, c.tables["a"]) == {0: "t1", 1: "t1", 2: "t1", 9: "t2"}
 
 
+def test_a_restarted_connectors_only_end_names_only_the_tables_it_emitted_to_after_the_restart(spark, broker, writer,
+                                                                                               tmp_path):
+    """Killed before it wrote a transaction's END, a connector restarted on its stored offsets emits BEGIN again,
+    the events after its last stored offset, and an END counting only those: it names ``s.b``, whose event came
+    after the restart, and not ``s.a``, whose events all came before. Both tables apply the transaction and the
+    next one flows (``s.a`` waited for an END that would never name it: a CI run of the real connector)."""
+    c = Connector(broker, tmp_path)
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "790")])
+    produce(broker, c.topics["a"], [change("a", k, "t1", 3400 + k, "790", k + 1) for k in range(3)])
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "790")])  # the restarted connector's
+    produce(broker, c.topics["b"], [change("b", 5, "t1", 3410, "790", 1)])
+    produce(broker, c.tx_topic, [tx_event("END", "790", {"s.b": 1})])
+    produce(broker, c.topics["a"], [change("a", 9, "t2", 3500, "791")])
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "791"), tx_event("END", "791", {"s.a": 1})])
+    for name, expected in (("a", {0: "t1", 1: "t1", 2: "t1", 9: "t2"}), ("b", {5: "t1"})):
+        report = run_batch(spark, broker, writer, c.tables[name])
+        assert report.transactions["waiting"] == {}, (name, report.transactions)
+        assert values(spark, writer, c.tables[name]) == expected, name
+
+
 def test_an_event_delivered_twice_does_not_make_a_transaction_whole(spark, broker, writer, tmp_path):
     """An END announces 3 events; the topic holds two of them, one delivered twice: the transaction is not whole
     and nothing of it is applied; the reconciliation names 2 of 3."""

@@ -149,12 +149,23 @@ def cut_batch(table: str, start: Mapping[int, int], end: Mapping[int, int],
 
     ``seen``: per transaction id in the batch, (events of this table, first offset per partition).
     ``ends``: per known END, its data collections.
+
+    A connector restarted mid-transaction emits its BEGIN again and an END counting only the events emitted
+    after the restart (Debezium is at-least-once); when it was stopped before the first END was written, that
+    END does not name the tables whose events all came before the restart. Those events are applied as the
+    batch holds them: no END will ever announce them.
     """
     cut = dict(end)
     waiting: dict[str, tuple[int, int | None]] = {}
     for tx_id, (count, _) in seen.items():
-        expected = collection_count(ends[tx_id], table) if tx_id in ends else None
-        if expected is None or count < expected:
+        if tx_id not in ends:
+            waiting[tx_id] = (count, None)
+            continue
+        # An END that does not name a table holding its events is a restarted connector's: it counts only what
+        # was emitted after the restart, and the END that counted the rest was never written. What the batch
+        # holds is all there is to wait for.
+        expected = collection_count(ends[tx_id], table)
+        if expected is not None and count < expected:
             waiting[tx_id] = (count, expected)
     held = set(waiting)  # transactions the batch applies nothing of
     while held:
