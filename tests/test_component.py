@@ -143,17 +143,15 @@ def test_the_component_refuses_bad_attributes_naming_the_field():
         component.pipeline_config()
 
 
-def test_the_readme_shows_the_example_defs_yaml_as_it_is():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## As a dg component"):readme.index("## Without Dagster")]
-    shown = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+def test_the_docs_show_the_example_defs_yaml_as_it_is():
+    doc = (ROOT / "docs" / "component.md").read_text()
+    shown = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
     assert shown == (EXAMPLE / DEFS_YAML).read_text()
 
 
-def test_the_readme_command_runs_as_written(project, tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## As a dg component"):readme.index("## Without Dagster")]
-    command = section.split("```sh\n", 1)[1].split("```", 1)[0].split("#")[0].strip()
+def test_the_docs_command_runs_as_written(project, tmp_path):
+    doc = (ROOT / "docs" / "component.md").read_text()
+    command = doc.split("```sh\n", 1)[1].split("```", 1)[0].split("#")[0].strip()
     # Run from a copy's parent laid out as the checkout is; the example's package is uninstalled after.
     (tmp_path / "examples").mkdir()
     shutil.move(str(project), tmp_path / "examples" / "dg_project")
