@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cdc_assets.demo.broker import free_port
-from tests.test_demo import until_ui
+from tests.support.ui import until_ui
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "docs" / "images"
@@ -168,7 +168,7 @@ def test_the_components_assets_and_automation_in_the_ui(tmp_path):
     automation sensor beside the project's sensors and schedules. Screenshots land in docs/images/."""
     from playwright.sync_api import sync_playwright
 
-    from tests.test_component import EXAMPLE_TABLES, copy_of_example, dg_dev
+    from tests.support.component import EXAMPLE_TABLES, copy_of_example, dg_dev
 
     if not Path(CHROMIUM).exists():
         pytest.skip("Chromium is not installed (scripts/setup-tests installs Debian's chromium)")

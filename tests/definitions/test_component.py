@@ -3,17 +3,12 @@ the real `dg` CLI, and the component builds what CDC_ASSETS_CONFIG's file builds
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,11 +17,15 @@ import yaml
 from cdc_assets.component import CdcComponent
 from cdc_assets.config import ConfigError, load_config
 from cdc_assets.definitions import build_definitions
+from tests.support.component import DG, EXAMPLE, EXAMPLE_TABLES, ROOT, copy_of_example, dg_dev
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "dg_project"
 DEFS_YAML = Path("src/cdc_example/defs/cdc/defs.yaml")
-DG = Path(sys.executable).parent / "dg"
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the example project."""
+    return copy_of_example(tmp_path)
 
 
 def dg(project: Path, *args: str, delta_root: Path, bootstrap: str = "127.0.0.1:9") -> subprocess.CompletedProcess:
@@ -36,19 +35,6 @@ def dg(project: Path, *args: str, delta_root: Path, bootstrap: str = "127.0.0.1:
            "CDC_DELTA_ROOT": str(delta_root)}
     env.pop("CDC_ASSETS_CONFIG", None)
     return subprocess.run([str(DG), *args], cwd=project, env=env, capture_output=True, text=True, timeout=300)
-
-
-def copy_of_example(tmp_path: Path) -> Path:
-    """A copy of the example project in ``tmp_path`` (a test may break its defs.yaml)."""
-    copy = tmp_path / "dg_project"
-    shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
-    return copy
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    """A copy of the example project."""
-    return copy_of_example(tmp_path)
 
 
 def test_dg_lists_the_component_and_validates_the_example_project(project, tmp_path):
@@ -82,7 +68,7 @@ def test_dg_list_defs_shows_the_translation_and_post_processing(project, tmp_pat
 def test_the_topics_include_patterns_match_are_the_components_state(project, tmp_path, broker):
     """With include patterns, the broker's topics are the component's state: `dg utils refresh-defs-state`
     lists them once, and a load from that state builds the matching tables with no broker to ask."""
-    from tests.test_transactions import new_topic_named
+    from tests.support.topics import new_topic_named
 
     suffix = uuid.uuid4().hex[:6]
     new_topic_named(broker, f"sales.public.orders_{suffix}")
@@ -165,46 +151,6 @@ def test_the_readme_command_runs_as_written(project, tmp_path):
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", "cdc-example"], capture_output=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "sales/public/customers" in run.stdout
-
-
-@contextlib.contextmanager
-def dg_dev(project: Path, tmp_path: Path) -> Iterator[tuple[str, list[dict]]]:
-    """`dg dev` on ``project`` as its user starts it, until the block ends: yields the UI's URL and its
-    asset nodes, once its GraphQL serves them."""
-    from cdc_assets.demo.broker import free_port
-
-    port = free_port()
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "DAGSTER_HOME": str(home),
-           "CDC_DELTA_ROOT": str(tmp_path / "delta")}
-    env.pop("CDC_ASSETS_CONFIG", None)
-    dev = subprocess.Popen([str(DG), "dev", "--host", "127.0.0.1", "--port", str(port)], cwd=project, env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    query = json.dumps({"query": "{ assetNodes { assetKey { path } groupName } }"}).encode()
-    nodes = None
-    try:
-        deadline = time.monotonic() + 180
-        while nodes is None and time.monotonic() < deadline and dev.poll() is None:
-            try:
-                request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=query,
-                                                 headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=10) as response:
-                    nodes = json.load(response)["data"]["assetNodes"] or None
-            except (OSError, KeyError, TypeError):
-                time.sleep(1)
-        assert nodes is not None, f"dg dev did not serve the assets (exit code {dev.poll()})"
-        yield f"http://127.0.0.1:{port}", nodes
-    finally:
-        os.killpg(dev.pid, signal.SIGTERM)
-        try:
-            dev.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(dev.pid, signal.SIGKILL)
-
-
-# The example's two tables and their topics, all in the group its translation names.
-EXAMPLE_TABLES = {"sales/public/customers", "sales/public/orders"}
 
 
 def test_dg_dev_serves_the_components_assets(project, tmp_path):

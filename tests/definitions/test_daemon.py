@@ -25,14 +25,13 @@ from dagster._daemon.asset_daemon import asset_daemon_cursor_from_instigator_ser
 from deltalake import DeltaTable
 
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
-from tests.conftest import produce
-from tests.postgres import PostgresServer
-from tests.test_docs_first_hour import doc_blocks
-from tests.test_transactions import new_topic_named
+from tests.support.docs import doc_blocks
+from tests.support.postgres import PostgresServer
+from tests.support.topics import new_topic_named, produce
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "deploy" / "dagster.yaml"
-LOCATION = ROOT / "tests" / "daemon_location.py"
+LOCATION = ROOT / "tests" / "support" / "daemon_location.py"
 COMMANDS = [line for _, code in doc_blocks(ROOT / "docs" / "operations.md", "Deploying with the daemon")
             for line in code.splitlines() if line.strip()]
 SENSORS = ("events_waiting_sensor", "default_automation_condition_sensor")

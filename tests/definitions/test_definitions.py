@@ -1,12 +1,11 @@
 """The code location: assets, groups, kinds and the merge job, run for real through Dagster."""
 
-import contextlib
 import json
 import subprocess
 import sys
 import uuid
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, build_sensor_context, materialize
 from deltalake import DeltaTable
 
@@ -14,39 +13,9 @@ from cdc_assets import CdcTranslator
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
-from cdc_assets.demo.sample import publish_sample
-from tests.conftest import produce
-from tests.sensors.test_schema_changes import COLUMNS, schema_change
-from tests.test_transactions import new_topic_named
-
-CONFIG = """\
-kafka:
-  bootstrap_servers: {bootstrap}
-delta:
-  root: {root}
-  writer: delta-rs
-connectors:
-  - name: inventory
-    kind: postgresql
-    topic.prefix: dbserver1
-    tables:
-      - name: inventory.products
-      - name: inventory.customers
-  - name: sales
-    kind: sqlserver
-    topic.prefix: server1
-    tables:
-      - name: dbo.orders
-"""
-
-KEYS = [AssetKey(["dbserver1", "inventory", "products"]), AssetKey(["dbserver1", "inventory", "customers"]),
-        AssetKey(["server1", "dbo", "orders"])]
-
-
-def sample_published(broker):
-    """The demo sample on the session's broker, published once whichever test comes first."""
-    with contextlib.suppress(KafkaException):  # TOPIC_ALREADY_EXISTS: an earlier test published it
-        publish_sample(broker.bootstrap_servers)
+from tests.support.samples import CONFIG, KEYS, sample_published
+from tests.support.schema_changes import COLUMNS, schema_change
+from tests.support.topics import new_topic_named, produce
 
 
 def test_merge_job_applies_the_sample_and_reports_metadata(spark, broker, tmp_path):
@@ -321,7 +290,7 @@ def test_tables_merged_side_by_side_commit_their_own_offsets_and_dead_letters(sp
     # and every bad event must reach the shared dead-letter table (one MERGE of it at a time).
     from cdc_assets.catalog import resolve_tables
     from cdc_assets.demo.events import encode_key, envelope, postgres_source
-    from tests.conftest import read_rows
+    from tests.support.merges import read_rows
 
     prefix = f"side{uuid.uuid4().hex[:8]}"
     names = [f"t{index}" for index in range(4)]

@@ -19,9 +19,9 @@ from dagster import (
     evaluate_automation_conditions,
 )
 
-from tests.test_docs_first_hour import doc_blocks
+from tests.support.docs import doc_blocks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TABLE = AssetKey(["dbserver1", "inventory", "customers"])
 
 # The table the block's asset depends on; no broker is contacted to load it (its tables are listed).

@@ -23,9 +23,8 @@ from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.avro import SchemaRegistrySettings, record_decoder
 from cdc_assets.io.freshness import TopicProbe
 from cdc_assets.io.kafka_source import SourceError
-from tests.conftest import produce
-from tests.processes import free_port
-from tests.test_transactions import new_topic_named
+from tests.support.processes import free_port
+from tests.support.topics import new_topic_named, produce
 
 CONFIG = """\
 kafka: {{bootstrap_servers: "{bootstrap}"}}

@@ -23,7 +23,8 @@ from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.freshness import TopicProbe
 from cdc_assets.topics import build_topic_sources, topic_data_version, topic_observations
 from cdc_assets.translator import CdcTranslator
-from tests.conftest import captured_table, new_topic, produce
+from tests.support.merges import captured_table
+from tests.support.topics import new_topic, produce
 
 
 def change(key: int) -> tuple[bytes, bytes]:

@@ -1,6 +1,6 @@
 """The demo's parts: the sample published twice; rounds of changes newer than the sample and each other;
 checks that cannot evaluate (no materialization, no broker) say why instead of passing or failing the run.
-The demo itself, end to end, runs as the docs' tour (tests/test_docs_first_hour.py)."""
+The demo itself, end to end, runs as the docs' tour (tests/demo/test_docs_first_hour.py)."""
 
 import json
 import subprocess
@@ -13,22 +13,9 @@ from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.broker import free_port
 from cdc_assets.demo.sample import change_round, publish_sample, sample_topics
-from tests.test_definitions import CONFIG
+from tests.support.samples import CONFIG
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def until_ui(demo: subprocess.Popen, port: int) -> str:
-    """What `scripts/demo --ui` printed up to its "Dagster UI: <url>" line, which must name ``port``."""
-    assert demo.stdout is not None
-    output = []
-    for line in demo.stdout:
-        output.append(line)
-        if line.startswith("Dagster UI: "):
-            break
-    text = "".join(output)
-    assert f"Dagster UI: http://127.0.0.1:{port}" in text, text[-5000:]
-    return text
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_sample_can_be_published_again(broker):
@@ -86,7 +73,6 @@ def test_the_broker_command_runs_until_ctrl_c_and_keeps_its_topics_in_its_data_d
     start on the same data dir finds the topics of the first; a taken port is refused with a clear message."""
     import os
     import signal
-    import subprocess
     import sys
 
     from confluent_kafka.admin import AdminClient

@@ -19,29 +19,14 @@ from pathlib import Path
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 
 from cdc_assets.demo.broker import free_port
-from tests.test_demo import until_ui
+from tests.support.docs import doc_blocks
+from tests.support.ui import until_ui
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LONG_RUNNING = "scripts/demo --ui"  # the first terminal's command: started, then left running
-BLOCK = re.compile(r"^(?P<indent> *)```(?P<lang>sh|python)\n(?P<body>.*?)^(?P=indent)```$", re.M | re.S)
 JSON_CONVERTERS = {"key.converter": "org.apache.kafka.connect.json.JsonConverter",
                    "value.converter": "org.apache.kafka.connect.json.JsonConverter",
                    "key.converter.schemas.enable": "true", "value.converter.schemas.enable": "true"}
-
-
-def doc_blocks(path: Path, section: str | None = None) -> list[tuple[str, str]]:
-    """The (language, code) of each ``sh``/``python`` block of ``path`` (of its ``## section`` only, if given)."""
-    text = path.read_text()
-    if section is not None:
-        start = text.index(f"## {section}\n")
-        end = text.find("\n## ", start + 1)
-        text = text[start:end if end >= 0 else None]
-    blocks = []
-    for match in BLOCK.finditer(text):
-        indent = len(match["indent"])
-        body = "".join(line[indent:] for line in match["body"].splitlines(keepends=True))
-        blocks.append((match["lang"], body))
-    return blocks
 
 
 def _listening(port: int) -> bool:
@@ -137,8 +122,8 @@ def test_the_connector_configs_match_what_the_suite_registers_and_the_minimal_co
     schemas, the connector's own settings), and their ``topic.prefix`` and kind are those of
     docs/minimal-pipeline.yaml's connectors."""
     from cdc_assets.config import load_config
-    from tests.conformance.harness import connect_config
-    from tests.mariadb import MariaDBServer
+    from tests.support.harness import connect_config
+    from tests.support.mariadb import MariaDBServer
 
     docs = {name: json.loads((ROOT / "docs" / "connectors" / f"{name}.json").read_text())["config"]
             for name in ("postgresql", "mariadb")}

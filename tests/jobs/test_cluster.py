@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 
 from cdc_assets.io.spark import spark_config
 from cdc_assets.io.spark_server import CONNECT_SERVER_CLASS
-from tests.test_definitions import sample_published
+from tests.support.samples import sample_published
 
 SPARK_BIN = Path(pyspark.__file__).parent / "bin"
 TABLES = ("dbserver1/inventory/products", "dbserver1/inventory/customers", "server1/dbo/orders")

@@ -11,9 +11,9 @@ from deltalake import DeltaTable
 import cdc_assets
 from cdc_assets import BadEventError, BatchLimits, TableSpec, apply_pending
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
-from tests.conftest import new_topic, produce
+from tests.support.topics import new_topic, produce
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def events(keys, lsn0):

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from cdc_assets.pipeline import BadEventError
-from tests.conftest import captured_table, new_topic, produce, read_rows, run_batch
+from tests.support.merges import captured_table, read_rows, run_batch
+from tests.support.topics import new_topic, produce
 
 ID = json.dumps({"$numberLong": "1004"})
 KEY = json.dumps({"id": ID}).encode()

@@ -5,6 +5,7 @@ import datetime as dt
 import json
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -16,7 +17,11 @@ from cdc_assets.demo.events import db2_source, encode_key, envelope, postgres_so
 from cdc_assets.io.delta import DeltaRsWriter
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.pipeline import BadEventError, merge_micro_batches
-from tests.conftest import CAPTURES, captured_table, new_topic, produce, read_rows, run_batch
+from tests.support.merges import captured_table, read_rows, run_batch
+from tests.support.topics import new_topic, produce
+
+# Copies of ../shared/data/debezium-captures (real Debezium events, Apache License 2.0; see their README).
+CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "debezium-captures"
 
 
 def capture_records(name):
@@ -250,7 +255,7 @@ def test_dead_letter_policy_applies_good_events_and_keeps_every_bad_one(spark, b
 
 
 def test_logical_types_reach_delta(spark, broker, writer, tmp_path):
-    from tests.core.test_types import FIELDS, wrapped
+    from tests.support.logical_types import FIELDS, wrapped
 
     topic = new_topic(broker, "dbserver1.public.typed")
     value = wrapped([f for f, _, _ in FIELDS], {f["field"]: v for f, v, _ in FIELDS})
@@ -269,7 +274,7 @@ def test_logical_types_reach_delta(spark, broker, writer, tmp_path):
 
 def test_an_unknown_logical_type_halts_naming_topic_and_offsets(spark, broker, writer, tmp_path):
     from cdc_assets.core.layout import LayoutError
-    from tests.core.test_types import wrapped
+    from tests.support.logical_types import wrapped
 
     topic = new_topic(broker, "dbserver1.public.money")
     fields = [{"type": "int32", "field": "id"}, {"type": "string", "name": "com.example.Money", "field": "m"}]
@@ -303,7 +308,7 @@ def test_a_first_batch_of_unreadable_events_halts_naming_why_they_cannot_be_read
 
 
 def test_columns_added_in_value_schemas_reach_delta_without_a_schema_change_event(spark, broker, writer, tmp_path):
-    from tests.core.test_types import wrapped
+    from tests.support.logical_types import wrapped
 
     topic = new_topic(broker, "dbserver1.public.evolving")
     table = captured_table(topic, tmp_path)
@@ -375,7 +380,7 @@ def test_the_next_batch_is_folded_while_one_is_merged_and_commits_stay_in_order(
 def test_a_batch_folded_ahead_is_prepared_again_when_the_commit_before_it_changed_the_layout(
         spark, broker, folding_ahead_writer, tmp_path, reads):
     """Batch 2 adds a column to the table; batch 3, folded ahead without it, is read and folded again."""
-    from tests.core.test_types import wrapped
+    from tests.support.logical_types import wrapped
 
     writer = folding_ahead_writer
     topic = new_topic(broker, "dbserver1.public.ahead_evolving")
@@ -420,7 +425,7 @@ TOAST_FIELDS = [{"type": "int32", "field": "id"}, {"type": "int32", "field": "n"
 def toast_event(op, key, n, placeholder=None, lsn=1):
     """A PostgreSQL event of a table with TOASTable columns; ``placeholder``: every large column left
     unchanged, as the connector writes it for each type (text, the bytes in base64, a one-element array)."""
-    from tests.core.test_types import wrapped
+    from tests.support.logical_types import wrapped
 
     if placeholder is None:
         values = {"body": f"body {key}" * 500, "doc": json.dumps({"k": key}),

@@ -11,19 +11,13 @@ from dagster import DagsterInstance
 
 from cdc_assets.config import BatchLimits
 from cdc_assets.demo.broker import ApacheKafkaBroker, free_port
-from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
 from cdc_assets.pipeline import merge_micro_batch
-from tests.conftest import captured_table, new_topic, produce, race_after_fold, read_rows
+from tests.support.merges import captured_table, race_after_fold, read_rows
+from tests.support.samples import events
+from tests.support.topics import new_topic, produce
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def events(start, count, topic_key=lambda i: i % 5):
-    return [(encode_key({"id": topic_key(i)}),
-             envelope("c" if i < 5 else "u", None, {"id": topic_key(i), "v": i},
-                      postgres_source(i + 1, i, "s", "t"), i))
-            for i in range(start, start + count)]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_broker_down_fails_clearly_moves_nothing_and_resumes_exactly(spark, writer, tmp_path):

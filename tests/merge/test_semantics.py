@@ -29,7 +29,17 @@ from hypothesis import strategies as st
 
 from cdc_assets.demo.events import db2_source, envelope, postgres_source, sqlserver_source
 from cdc_assets.io.delta import DeltaRsWriter
-from tests.conftest import captured_table, new_topic, produce, read_rows, run_batch
+from tests.support.key_changes import (
+    TOAST_COLUMNS,
+    UNAVAILABLE,
+    current_values,
+    pg_change,
+    pk_change,
+    produce_spread,
+    scd2_versions,
+)
+from tests.support.merges import captured_table, read_rows, run_batch
+from tests.support.topics import new_topic, produce
 
 GROUP = 10  # histories per example
 HISTORIES = int(os.environ.get("CDC_HYPOTHESIS_EXAMPLES", "5"))  # per property test and writer
@@ -240,19 +250,6 @@ def records(events: list[Event], kind: str, rng: random.Random, tombstone_head: 
     return out
 
 
-def produce_spread(broker, topic, recs, partitions, rng):
-    from confluent_kafka import Producer
-
-    from cdc_assets.demo.broker import PRODUCER_SETTINGS
-
-    partition_of: dict[bytes, int] = {}
-    producer = Producer({**PRODUCER_SETTINGS, "bootstrap.servers": broker.bootstrap_servers})
-    for key, value in recs:
-        partition = partition_of.setdefault(key, rng.randrange(partitions))
-        producer.produce(topic, key=key, value=value, partition=partition)
-    assert producer.flush(30) == 0
-
-
 def apply_all(spark, broker, writer, table, max_records):
     for _ in range(200):
         if run_batch(spark, broker, writer, table, max_records=max_records).raw.caught_up:
@@ -315,7 +312,7 @@ def test_random_transactional_histories_end_as_the_reference(spark, broker, writ
     from cdc_assets.definitions import build_definitions
     from cdc_assets.io.delta import DeltaTarget
     from cdc_assets.io.transactions import TransactionLog
-    from tests.test_transactions import new_topic_named
+    from tests.support.topics import new_topic_named
 
     rng, events = packed_history(seed, lengths, transactional=True)
     if not ids_carry_commit_order(kind):
@@ -354,20 +351,6 @@ connectors:
     assert completed == len(transactions)
     if transactions:  # every BEGIN and END read
         assert sum(json.loads(cursor)["offsets"].values()) == 2 * len(transactions)
-
-
-def scd2_versions(spark, writer, table) -> dict[int, list[dict]]:
-    """The scd2 table's versions per key, in ``_cdc_valid_from`` order."""
-    if writer.name == "delta-rs":
-        from deltalake import DeltaTable
-
-        versions = DeltaTable(table.target.path).to_pyarrow_table().to_pylist()
-    else:
-        versions = [r.asDict() for r in spark.read.format("delta").load(table.target.path).collect()]
-    by_key: dict[int, list[dict]] = {}
-    for version in sorted(versions, key=lambda v: v["_cdc_valid_from"]):
-        by_key.setdefault(version["id"], []).append(version)
-    return by_key
 
 
 def assert_versions_are_the_reference(by_key: dict[int, list[dict]], events: list[Event]) -> None:
@@ -519,37 +502,6 @@ def test_random_mongodb_histories_end_as_the_reference(spark, broker, writer, tm
 
 
 # --- primary-key changes of rows with unchanged TOASTed values (REPLICA IDENTITY DEFAULT) ---
-
-UNAVAILABLE = "__debezium_unavailable_value"
-TOAST_COLUMNS = {"id": "bigint", "big": "string", "n": "bigint"}
-
-
-def pg_change(op: str, key: int, lsn: int, big: str = UNAVAILABLE, n: int = 0, commit: int | None = None
-              ) -> list[tuple[bytes, bytes | None]]:
-    """A PostgreSQL change of s.t as Debezium sends it: a delete's before image holds the key only (REPLICA
-    IDENTITY DEFAULT) and is followed by its tombstone; ``big`` unchanged and TOASTed is the placeholder;
-    ``commit``: the last commit LSN of ``sequence``."""
-    source = postgres_source(lsn, 1_700_000_000_000 + lsn, "s", "t")
-    if commit is not None:
-        source["sequence"] = json.dumps([str(commit), str(lsn)])
-    record_key = json.dumps({"id": key}).encode()
-    if op == "d":
-        return [(record_key, envelope("d", {"id": key}, None, source, 1_700_000_000_000 + lsn)), (record_key, None)]
-    return [(record_key, envelope(op, None, {"id": key, "big": big, "n": n}, source, 1_700_000_000_000 + lsn))]
-
-
-def pk_change(old: int, new: int, lsn: int, n: int = 0) -> list[tuple[bytes, bytes | None]]:
-    """``UPDATE t SET id = new WHERE id = old`` leaving ``big`` alone: a delete and a create at one LSN."""
-    return pg_change("d", old, lsn) + pg_change("c", new, lsn, n=n)
-
-
-def current_values(spark, writer, table) -> dict[int, tuple[str | None, int]]:
-    """``{id: (big, n)}`` of the live rows (scd2: of the current versions)."""
-    if table.apply_mode == "scd2":
-        return {k: (v["big"], v["n"]) for k, vs in scd2_versions(spark, writer, table).items() for v in vs
-                if v["_cdc_current"]}
-    return {k[0]: (r["big"], r["n"]) for k, r in read_rows(spark, writer, table, visible_only=False).items()
-            if not r.get("_cdc_deleted")}
 
 
 @pytest.mark.parametrize("mode", ["scd1", "soft_delete", "scd2"])

@@ -1,6 +1,5 @@
 """Transaction-consistent merges, the transaction log, the watermark and the transaction sensor."""
 
-import itertools
 import json
 import re
 from dataclasses import replace
@@ -21,20 +20,9 @@ from cdc_assets.io.transactions import (
     ingest_transactions,
     update_watermark,
 )
-from tests.conftest import new_topic, produce, read_rows, run_batch
-
-_LSN = itertools.count(53_195_829)
-
-
-def tx_event(status, tx_id, collections=None):
-    """A BEGIN or END of PostgreSQL transaction ``tx_id`` (its txID) as Debezium writes it: the id is
-    ``txID:LSN`` with the LSN of the event itself, so BEGIN and END ids differ (seed 001)."""
-    body = {"status": status, "id": f"{tx_id}:{next(_LSN)}", "ts_ms": 1_700_000_000_000, "event_count": None,
-            "data_collections": None}
-    if status == "END":
-        body["event_count"] = sum(collections.values())
-        body["data_collections"] = [{"data_collection": c, "event_count": n} for c, n in collections.items()]
-    return encode_key({"id": body["id"]}), json.dumps(body).encode()
+from tests.support.merges import read_rows, run_batch
+from tests.support.topics import new_topic, new_topic_named, produce
+from tests.support.transactions import transaction_sensor, tx_event
 
 
 def change(table, key, value, lsn, tx_id=None, order=1):
@@ -62,14 +50,6 @@ class Connector:
 
     def watermark(self):
         return update_watermark("txdb", self.log, {t.name: t.target for t in self.tables.values()}, self.watermarks)
-
-
-def new_topic_named(broker, topic, partitions=1):
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result()
-    return topic
 
 
 def ids(spark, writer, table):
@@ -146,24 +126,6 @@ connectors:
     assert not failed.passed and failed.metadata["incomplete_transactions"].value == ["574"]
     assert "transaction 574: END announces 3 events for s.a, the topic holds 2" in failed.description
     assert evaluations[("b", "transactions_reconciled")].passed
-
-
-def transaction_sensor(broker, tmp_path, partitions):
-    """The sensor of a connector with tables s.a, s.b, s.c and a transaction topic of ``partitions``."""
-    prefix = new_topic(broker, "mpsens").replace(".", "_")
-    tx_topic = new_topic_named(broker, f"{prefix}.transaction", partitions=partitions)
-    config = f"""\
-kafka: {{bootstrap_servers: "{broker.bootstrap_servers}"}}
-delta: {{root: "{tmp_path}"}}
-connectors:
-  - name: txdb
-    kind: postgresql
-    topic.prefix: {prefix}
-    transaction_metadata: true
-    tables: [{{name: s.a}}, {{name: s.b}}, {{name: s.c}}]
-"""
-    defs = build_definitions(parse_config(config))
-    return defs, defs.resolve_sensor_def("txdb_transaction_sensor"), tx_topic
 
 
 def test_sensor_batches_transactions_into_one_run_and_never_twice(broker, tmp_path):

@@ -5,8 +5,8 @@ import json
 import pytest
 from dagster import DagsterInstance, build_sensor_context
 
-from tests.conftest import produce
-from tests.test_transactions import transaction_sensor, tx_event
+from tests.support.topics import produce
+from tests.support.transactions import transaction_sensor, tx_event
 
 
 def test_a_malformed_event_stops_only_its_partition(broker, tmp_path):

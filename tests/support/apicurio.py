@@ -20,8 +20,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from tests.connect import ConnectWorker
-from tests.processes import LocalServer, free_port, terminate
+from tests.support.connect import ConnectWorker
+from tests.support.processes import LocalServer, free_port, terminate
 
 APICURIO_VERSION = "2.6.13.Final"
 APICURIO_HOME = Path(sys.prefix) / "share" / "cdc-assets" / "apicurio"

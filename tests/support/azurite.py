@@ -26,7 +26,7 @@ from email.utils import formatdate
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlparse
 
-from tests.processes import LocalServer
+from tests.support.processes import LocalServer
 
 ACCOUNT = "cdctests"  # the server's account unless a test names another
 # The tests name the account's key through this environment variable, as a user's config does.

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc_assets.demo.broker import _die_with_parent, _java, free_port, log4j2_properties
-from tests.processes import terminate
+from tests.support.processes import terminate
 
 CONNECT_LIBS = Path(sys.prefix) / "share" / "cdc-assets" / "connect"
 CONNECT_PLUGINS = Path(sys.prefix) / "share" / "cdc-assets" / "connect-plugins"

@@ -1,4 +1,4 @@
-"""The code location tests/test_daemon.py runs under ``dagster-daemon``: the project's definitions for the
+"""The code location tests/definitions/test_daemon.py runs under ``dagster-daemon``: the project's definitions for the
 pipeline config ``CDC_ASSETS_CONFIG`` names, with the events-waiting sensor and the automation condition
 sensor ticking every few seconds instead of their production 60 s and 30 s (nothing else changed)."""
 

@@ -2,7 +2,7 @@
 as Kafka Connect would. A subprocess of the tests, since a process can start a JVM only once and the
 tests restart Debezium mid-stream.
 
-``python -m tests.conformance.debezium_runner <spec.json>``; the spec holds ``bootstrap_servers``,
+``python -m tests.support.debezium_runner <spec.json>``; the spec holds ``bootstrap_servers``,
 ``partitions`` (of each table topic the runner creates), ``status_file`` and ``connectors``: a list
 of Debezium connector properties, each run by its own engine in this one JVM. Each engine's JSON
 converter writes key and value (``converter.schemas.enable`` in its properties); every record goes to

@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.io.storage import delta_rs_options
-from tests.processes import terminate
+from tests.support.processes import terminate
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 DEBEZIUM_VERSION = "3.6.3.Final"
@@ -107,7 +107,7 @@ class DebeziumRunner:
         with self.log_file.open("ab") as log:
             log.write(f"--- start {self.starts}\n".encode())
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "tests.conformance.debezium_runner", str(self.spec_file)],
+                [sys.executable, "-m", "tests.support.debezium_runner", str(self.spec_file)],
                 cwd=self.work_dir, stdout=log, stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
 
@@ -574,3 +574,13 @@ def drop_replication_slots(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as connection:
         connection.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                            "WHERE database = current_database() AND NOT active")
+
+
+def converter_settings(registry_url: str) -> dict[str, str]:
+    """The Avro converter settings of docs/connectors/avro.md, for the registry at ``registry_url``: what the
+    suite registers is what the documentation shows."""
+    text = (REPOSITORY / "docs" / "connectors" / "avro.md").read_text()
+    match = re.search(r"^```json\n(.*?)^```$", text, re.M | re.S)
+    assert match is not None, "docs/connectors/avro.md has no json block"
+    settings: dict[str, str] = json.loads(match.group(1))
+    return {key: registry_url if key.endswith(".apicurio.registry.url") else value for key, value in settings.items()}

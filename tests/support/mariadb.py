@@ -22,7 +22,7 @@ import pymysql
 import pymysql.cursors
 
 from cdc_assets.demo.broker import free_port
-from tests.processes import terminate
+from tests.support.processes import terminate
 
 _BINARIES = ("mariadbd", "mariadb-install-db")
 # The grants Debezium's MariaDB connector documents (snapshot locks, binlog reading and its position).

@@ -23,7 +23,7 @@ from typing import Any
 
 import boto3
 
-from tests.processes import LocalServer
+from tests.support.processes import LocalServer
 
 # The tests name the server's keys through these environment variables, as a user's config does.
 ACCESS_KEY_ENV = "CDC_TEST_S3_ACCESS_KEY_ID"
