@@ -4,7 +4,7 @@ Produces the same W1 events (``benchmarks.merge_throughput.generate``: Debezium 
 space, ~80% updates, ~10% creates, ~10% deletes each followed by a tombstone, 3 partitions) into three topics of
 a local broker: as W1 has them (the JSON converter without schemas), with the JSON converter's schemas (the form
 the Avro records are turned into), and in Avro (magic byte, schema id, body; the key and value schemas
-registered in a private Apicurio Registry, ``tests/apicurio.py``: run ``scripts/setup-tests`` first). Then runs
+registered in a private Apicurio Registry, ``tests/support/apicurio.py``: run ``scripts/setup-tests`` first). Then runs
 the project's ``cdc_merge_job`` on each topic, round after round, each run in a fresh process on the warm local
 Spark server (warmed by runs first, not measured), and prints the medians of the first poll to the last commit,
 events/s, the CPU seconds of the run's process and of the Spark server, and each as a ratio to the JSON-with-
@@ -468,7 +468,7 @@ def main() -> None:
     if not levels or not levels <= {"merge", "decode"}:
         raise SystemExit(f"--levels: 'merge', 'decode' or both, not '{args.levels}'")
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.apicurio import Apicurio
+    from tests.support.apicurio import Apicurio
 
     if "decode" in levels:
         spark_avro_jars()  # fetched before any timing

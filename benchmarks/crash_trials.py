@@ -15,7 +15,7 @@ offsets reach the end of every partition, and the Delta history never commits th
 twice.
 
 ``--store s3`` keeps the tables under an ``s3://`` root on a private S3-API server (moto's, the
-tests' ``tests/objectstore.py``: run ``scripts/setup-tests`` first), checked the same way. ``--writer
+tests' ``tests/support/objectstore.py``: run ``scripts/setup-tests`` first), checked the same way. ``--writer
 delta-spark`` MERGEs and commits with delta-spark in the local Spark server (delta-rs by default): a kill
 of the worker leaves the server running, so a MERGE it had sent may still commit after the worker died,
 which the rerun must then find applied.
@@ -194,8 +194,8 @@ def landed(output: str) -> str:
 def object_store_root(cleanup: contextlib.ExitStack) -> tuple[str, dict[str, str]]:
     """An ``s3://`` root on a private S3-API server started for this run (stopped by ``cleanup``), and its
     storage options (keys named by environment variable, set here for the workers to inherit)."""
-    sys.path.insert(0, str(ROOT))  # the tests' server (tests/objectstore.py): one place for it
-    from tests.objectstore import ObjectStore
+    sys.path.insert(0, str(ROOT))  # the tests' server (tests/support/objectstore.py): one place for it
+    from tests.support.objectstore import ObjectStore
 
     store = cleanup.enter_context(ObjectStore())
     store.export_keys()

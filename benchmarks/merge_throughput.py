@@ -34,7 +34,7 @@ broker is not part of the RSS), and the project's CPU (run + server) as a ratio 
 with and without the start-up that a run process pays once.
 
 ``--store local,s3`` runs the variants that write Delta on both stores in the same run, round after round:
-on local disk and under an ``s3://`` root on a private S3-API server (moto's, ``tests/objectstore.py``: run
+on local disk and under an ``s3://`` root on a private S3-API server (moto's, ``tests/support/objectstore.py``: run
 ``scripts/setup-tests`` first), the project's runs on a local Spark server of their own with that store's
 settings (warmed up apart). ``consume_only`` writes nothing and ``declarative_pipeline`` keeps its tables in
 its own pipeline storage: they run on local disk only. Each store's runs are checked against the oracle; the
@@ -329,7 +329,7 @@ class Store:
 def object_store(cleanup: contextlib.ExitStack) -> Store:
     """A bucket on a private S3-API server started for this run (stopped by ``cleanup``), its keys in the
     environment variables its storage options name (the runs and their Spark servers inherit them)."""
-    from tests.objectstore import ObjectStore  # the tests' server: one place for it
+    from tests.support.objectstore import ObjectStore  # the tests' server: one place for it
 
     server = cleanup.enter_context(ObjectStore())
     server.export_keys()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from tests.benchmarks import run_benchmark
+from tests.support.benchmarks import run_benchmark
 
 
 def test_the_decode_level_runs_from_avro_beside_the_project_avro_path_and_prints_ratios() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.benchmarks import run_benchmark
+from tests.support.benchmarks import run_benchmark
 
 
 def test_it_folds_each_size_on_both_sessions_and_prints_the_ratio() -> None:

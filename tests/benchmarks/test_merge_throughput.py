@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.benchmarks import run_benchmark
+from tests.support.benchmarks import run_benchmark
 
 
 def test_w1_runs_on_local_disk_and_on_s3_in_one_run_and_prints_them_side_by_side() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.benchmarks import run_benchmark
+from tests.support.benchmarks import run_benchmark
 
 
 def test_it_prints_each_way_and_the_ratios_to_a_bare_merge() -> None:

@@ -41,17 +41,12 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from cdc_assets.core.envelope import UNDECODABLE_MEMBER, explain_bad_value
 from cdc_assets.io import avro
 from cdc_assets.io.avro import AvroRecords, SchemaRegistrySettings, record_decoder
-from tests.apicurio import APICURIO3_VERSION, Apicurio, AvroConnectWorker
-from tests.conformance import harness as h
-from tests.conformance import workloads as w
-from tests.conformance.test_real_debezium import (
-    ALLTYPES_QUERY,
-    TOAST_ACTUAL,
-    TOAST_QUERY,
-    _actual_alltypes,
-    _expected_alltypes,
-)
-from tests.processes import free_port
+from tests.support import harness as h
+from tests.support import workloads as w
+from tests.support.apicurio import APICURIO3_VERSION, Apicurio, AvroConnectWorker
+from tests.support.harness import converter_settings
+from tests.support.processes import free_port
+from tests.support.workloads import ALLTYPES_QUERY, TOAST_ACTUAL, TOAST_QUERY, actual_alltypes, expected_alltypes
 
 pytestmark = pytest.mark.conformance
 
@@ -90,16 +85,6 @@ connectors:
 
     def path(self, leg: str, table: str, root: Path | None = None) -> Path:
         return (root or self.root) / self.prefixes[leg] / "public" / table
-
-
-def converter_settings(registry_url: str) -> dict[str, str]:
-    """The Avro converter settings of docs/connectors/avro.md, for the registry at ``registry_url``: what the
-    suite registers is what the documentation shows."""
-    text = (h.REPOSITORY / "docs" / "connectors" / "avro.md").read_text()
-    match = re.search(r"^```json\n(.*?)^```$", text, re.M | re.S)
-    assert match is not None, "docs/connectors/avro.md has no json block"
-    settings: dict[str, str] = json.loads(match.group(1))
-    return {key: registry_url if key.endswith(".apicurio.registry.url") else value for key, value in settings.items()}
 
 
 @pytest.fixture(scope="module")
@@ -180,8 +165,8 @@ def test_every_type_in_avro_equals_the_source(avro_run, merged):
     """Numeric with scale, unconstrained numeric (VariableScaleDecimal), money, date, time, timetz, timestamp,
     timestamptz, interval, uuid, json, jsonb, enum, bytea, arrays: the Avro leg's table equals the source."""
     assert not merged["avro"], merged["avro"]
-    _assert_equal(avro_run, "alltypes", ALLTYPES_QUERY, _expected_alltypes("adaptive", "precise"),
-                  _actual_alltypes("precise", "bytes"))
+    _assert_equal(avro_run, "alltypes", ALLTYPES_QUERY, expected_alltypes("adaptive", "precise"),
+                  actual_alltypes("precise", "bytes"))
 
 
 def test_toast_placeholders_in_avro_keep_unchanged_columns(avro_run, merged):
@@ -268,8 +253,8 @@ def test_a_registry_restart_with_durable_storage_loses_nothing(avro_run, merged,
     assert any(subject.startswith(avro_run.prefixes["avro"]) for subject in before), before
     schema_registry.restart()
     assert not h.failures(h.run_job(avro_run.config("avro", root=tmp_path)))
-    _assert_equal(avro_run, "alltypes", ALLTYPES_QUERY, _expected_alltypes("adaptive", "precise"),
-                  _actual_alltypes("precise", "bytes"), avro_run.path("avro", "alltypes", tmp_path))
+    _assert_equal(avro_run, "alltypes", ALLTYPES_QUERY, expected_alltypes("adaptive", "precise"),
+                  actual_alltypes("precise", "bytes"), avro_run.path("avro", "alltypes", tmp_path))
     _assert_equal(avro_run, "toast", TOAST_QUERY, {}, TOAST_ACTUAL, avro_run.path("avro", "toast", tmp_path))
     assert _registry_contents(schema_registry) == before
 
@@ -428,8 +413,8 @@ def test_a_registry_over_tls_is_read_with_its_ca(avro_run, merged, kafkasql_regi
     assert not table.exists()
 
     assert not h.failures(h.run_job(_alltypes_config(avro_run, prefix, kafkasql_registry.yaml(), tmp_path)))
-    _assert_equal(avro_run, "alltypes", ALLTYPES_QUERY, _expected_alltypes("adaptive", "precise"),
-                  _actual_alltypes("precise", "bytes"), table)
+    _assert_equal(avro_run, "alltypes", ALLTYPES_QUERY, expected_alltypes("adaptive", "precise"),
+                  actual_alltypes("precise", "bytes"), table)
 
 
 def test_a_registry_restart_with_kafka_backed_storage_loses_nothing(avro_run, merged, kafkasql_registry, broker,
@@ -456,8 +441,8 @@ def test_a_registry_restart_with_kafka_backed_storage_loses_nothing(avro_run, me
                     for part in (key, value) if part is not None] == decoded
         root = tmp_path / table
         assert not h.failures(h.run_job(_alltypes_config(avro_run, prefix, kafkasql_registry.yaml(), root)))
-        _assert_equal(avro_run, "alltypes", ALLTYPES_QUERY, _expected_alltypes("adaptive", "precise"),
-                      _actual_alltypes("precise", "bytes"), root / prefix / "public" / "alltypes")
+        _assert_equal(avro_run, "alltypes", ALLTYPES_QUERY, expected_alltypes("adaptive", "precise"),
+                      actual_alltypes("precise", "bytes"), root / prefix / "public" / "alltypes")
     assert _registry_contents(kafkasql_registry.server, kafkasql_registry.ca) == before
 
 

@@ -18,8 +18,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_assets.io.kafka_source import KafkaSource
-from tests.conformance import harness as h
-from tests.connect import ConnectWorker
+from tests.support import harness as h
+from tests.support.connect import ConnectWorker
 
 pytestmark = pytest.mark.conformance
 

@@ -36,9 +36,16 @@ from cdc_assets.definitions import build_definitions
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
 from cdc_assets.resources import kafka_client_settings
-from tests.conformance.harness import Normaliser, avro_format, compare, current_rows, delta_rows, summarise
-from tests.conformance.test_avro import converter_settings
-from tests.conformance.test_mariadb import ALLTYPES_ACTUAL, ALLTYPES_EXPECTED, EDGE_ROWS, SCHEMA
+from tests.support.harness import (
+    Normaliser,
+    avro_format,
+    compare,
+    converter_settings,
+    current_rows,
+    delta_rows,
+    summarise,
+)
+from tests.support.mariadb_workloads import ALLTYPES_ACTUAL, ALLTYPES_EXPECTED, EDGE_ROWS, SCHEMA
 
 pytestmark = pytest.mark.conformance
 

@@ -40,13 +40,13 @@ from deltalake import DeltaTable
 from cdc_assets.io.avro import AvroRecords, SchemaRegistrySettings
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.transactions import consistent_versions
-from tests.apicurio import Apicurio
-from tests.conformance import harness as h
-from tests.conformance import workloads as w
-from tests.conformance.test_avro import converter_settings
-from tests.conformance.test_mariadb import CapturedDatabase, PsycopgLike
-from tests.connect import ConnectWorker
-from tests.mariadb import MariaDBServer
+from tests.support import harness as h
+from tests.support import workloads as w
+from tests.support.apicurio import Apicurio
+from tests.support.connect import ConnectWorker
+from tests.support.harness import converter_settings
+from tests.support.mariadb import MariaDBServer
+from tests.support.mariadb_workloads import CapturedDatabase, PsycopgLike
 
 pytestmark = pytest.mark.conformance
 

@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conformance import harness as h
+from tests.support import harness as h
 
 pytestmark = pytest.mark.conformance
 

@@ -33,9 +33,9 @@ import psycopg
 import pytest
 from dagster import ExecuteInProcessResult
 
-from tests.conformance import harness as h
-from tests.conformance import workloads as w
-from tests.connect import ConnectWorker
+from tests.support import harness as h
+from tests.support import workloads as w
+from tests.support.connect import ConnectWorker
 
 pytestmark = pytest.mark.conformance
 

@@ -9,7 +9,6 @@ each test merges one connector's topics with ``cdc_merge_job`` and compares.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import random
@@ -28,9 +27,16 @@ from deltalake import DeltaTable
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.storage import delta_rs_options
 from cdc_assets.io.transactions import consistent_versions
-from tests.conformance import harness as h
-from tests.conformance import workloads as w
-from tests.objectstore import ObjectStore
+from tests.support import harness as h
+from tests.support import workloads as w
+from tests.support.objectstore import ObjectStore
+from tests.support.workloads import (
+    ALLTYPES_QUERY,
+    TOAST_ACTUAL,
+    TOAST_QUERY,
+    actual_alltypes,
+    expected_alltypes,
+)
 
 pytestmark = pytest.mark.conformance
 
@@ -278,50 +284,6 @@ def _p_tables(world: World) -> str:
 
 # --- the oracle's view of each table and how each side is normalised ---
 
-_ORACLE_CASTS = {
-    "c_money": "c_money::numeric", "c_uuid": "c_uuid::text", "c_json": "c_json::text", "c_jsonb": "c_jsonb::text",
-    "c_enum": "c_enum::text",
-    # Debezium reads an interval's fields (years ... seconds); MicroDuration is computed from them.
-    "c_interval": "CASE WHEN c_interval IS NOT NULL THEN ARRAY[extract(year FROM c_interval), "
-                  "extract(month FROM c_interval), extract(day FROM c_interval), extract(hour FROM c_interval), "
-                  "extract(minute FROM c_interval), extract(second FROM c_interval)] END",
-}
-ALLTYPES_QUERY = "SELECT id, " + ", ".join(f"{_ORACLE_CASTS.get(c, c)} AS {c}" for c in w.ALLTYPES) + " FROM alltypes"
-
-
-def _expected_alltypes(time_mode: str, decimal_mode: str) -> dict[str, h.Normaliser]:
-    millis = time_mode == "connect"
-    expected: dict[str, h.Normaliser] = {
-        "c_timetz": h.utc_time,
-        "c_tstz": h.instant,
-        "c_interval": h.interval_micros,
-        "c_time": h.to_millis if millis else (lambda v: v),
-        "c_ts": h.to_millis if millis else (lambda v: v),
-    }
-    if decimal_mode == "double":
-        expected.update({c: h.as_float for c in ("c_num", "c_num_wide", "c_num0", "c_numeric", "c_numeric_extreme",
-                                                  "c_money")})
-    return expected
-
-
-def _actual_alltypes(decimal_mode: str, binary_mode: str) -> dict[str, h.Normaliser]:
-    decimals = {"precise": h.decimal_value, "string": h.decimal_text, "double": h.as_float}[decimal_mode]
-    # Unconstrained numeric (VariableScaleDecimal) is decimal(38,18); the column whose values go beyond it is
-    # declared string in the table's columns config and holds each value's exact text.
-    variable, extreme = (decimals, h.decimal_text) if decimal_mode == "precise" else (decimals, decimals)
-    return {
-        "id": h.typed(int), "c_smallint": h.typed(int), "c_int": h.typed(int), "c_bigint": h.typed(int),
-        "c_num": decimals, "c_num_wide": decimals, "c_num0": decimals, "c_money": decimals,
-        "c_numeric": variable, "c_numeric_extreme": extreme,
-        "c_real": h.as_float, "c_double": h.as_float, "c_bool": h.typed(bool),
-        "c_char": h.typed(str), "c_varchar": h.typed(str), "c_text": h.typed(str),
-        "c_bytea": {"bytes": h.typed(bytes), "base64": h.base64_bytes, "hex": h.hex_bytes}[binary_mode],
-        "c_date": h.typed(dt.date), "c_time": h.time_text, "c_timetz": h.time_text,
-        "c_ts": h.naive_timestamp, "c_ts3": h.naive_timestamp, "c_tstz": h.instant, "c_interval": h.typed(int),
-        "c_uuid": h.typed(str), "c_json": h.typed(str), "c_jsonb": h.typed(str), "c_enum": h.typed(str),
-        "c_int_arr": h.typed(list), "c_text_arr": h.typed(list),
-    }
-
 
 def _assert_equal(world: World, connector: str, table: str, query: str, expected: dict[str, h.Normaliser],
                   actual: dict[str, h.Normaliser], key: tuple[str, ...] = ("id",), apply_mode: str = "scd1",
@@ -341,8 +303,8 @@ def test_every_type_under_each_setting_equals_the_source(world, connector, decim
     tables = _p_tables(world) if connector == "p" else "      - {name: public.alltypes}\n"
     failed = world.merge(connector, tables)
     assert not failed, failed
-    _assert_equal(world, connector, "alltypes", ALLTYPES_QUERY, _expected_alltypes(time_mode, decimal_mode),
-                  _actual_alltypes(decimal_mode, binary_mode))
+    _assert_equal(world, connector, "alltypes", ALLTYPES_QUERY, expected_alltypes(time_mode, decimal_mode),
+                  actual_alltypes(decimal_mode, binary_mode))
 
 
 NO_SCHEMA_COLUMNS = {
@@ -364,19 +326,14 @@ def test_schemas_off_the_columns_config_reads_debeziums_encodings(world):
               "score: double, at: timestamp}}\n")
     failed = world.merge("n", tables)
     assert not failed, failed
-    actual = _actual_alltypes("precise", "bytes")
+    actual = actual_alltypes("precise", "bytes")
     # Without a schema a Spark type cannot say the unit of Debezium's numbers: time and timestamp columns
     # name their logical type (MicroTime, MicroTimestamp; Timestamp for timestamp(3)) and read as with a
     # schema; a date column reads Debezium's days since the epoch.
     actual.update({"c_numeric": h.decimal_value, "c_numeric_extreme": h.decimal_text})
-    expected = _expected_alltypes("adaptive", "string")
+    expected = expected_alltypes("adaptive", "string")
     _assert_equal(world, "n", "rnd", "SELECT * FROM rnd", h.RND_EXPECTED, h.RND_ACTUAL)
     _assert_equal(world, "n", "alltypes", ALLTYPES_QUERY, expected, actual)
-
-
-TOAST_QUERY = "SELECT id, small, t, jb::text AS jb, b, arr, iarr FROM toast"
-TOAST_ACTUAL = {"id": h.typed(int), "small": h.typed(int), "t": h.typed(str), "jb": h.typed(str),
-                "b": h.typed(bytes), "arr": h.typed(list), "iarr": h.typed(list)}
 
 
 def _placeholders_in(rows: list[dict[str, Any]], placeholder: str) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.conformance import harness as h
+from tests.support import harness as h
 
 DSN_ENV = "CDC_SIGNALS_REAL_DSN"
 INCREMENTAL, INITIAL = "Incremental Snapshot", "Initial Snapshot"

@@ -13,7 +13,7 @@ from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.freshness import TableFreshness, freshness_verdict
 from cdc_assets.io.signals import SignalError, SnapshotSignal, parse_version
 from cdc_assets.translator import CdcTranslator
-from tests.sensors.test_schema_changes import COLUMNS, schema_change
+from tests.support.schema_changes import COLUMNS, schema_change
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=timezone.utc)
 

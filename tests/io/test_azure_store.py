@@ -1,5 +1,5 @@
 """Delta tables on Azure storage, for both writers, against a real Azure Blob server (Azurite,
-``tests/azurite.py``): the writer suite gives what it gives on local disk, each writer reads and merges
+``tests/support/azurite.py``): the writer suite gives what it gives on local disk, each writer reads and merges
 the other's tables, and the server refuses another key. Azurite serves the Blob API only: delta-spark
 reaches it through ABFS's Blob-endpoint client, as it reaches a flat-namespace account (docs/storage.md)."""
 
@@ -16,9 +16,8 @@ from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget
 from cdc_assets.io.spark import spark_config
 from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
 from cdc_assets.io.storage import StorageConfigError, spark_settings
-from tests.azurite import ACCOUNT_KEY_ENV, Azurite
-from tests.io.test_delta_writers import batch, commit
-from tests.io.test_object_store import SCD1, table_rows, writer_named, writer_run
+from tests.support.azurite import ACCOUNT_KEY_ENV, Azurite
+from tests.support.delta import SCD1, batch, commit, table_rows, writer_named, writer_run
 
 
 @pytest.fixture(scope="module")

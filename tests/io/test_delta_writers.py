@@ -2,30 +2,10 @@
 
 import json
 
-import pyarrow as pa
 import pytest
 
-from cdc_assets.core.apply_modes import apply_mode
-from cdc_assets.io.delta import CommitRequest, DeltaTarget, DeltaWriterError, select_writer
-
-SCHEMA = pa.schema([
-    ("My Id", pa.int64()),  # a key column that needs quoting
-    ("name", pa.string()),
-    ("_cdc_op", pa.string()),
-    ("_cdc_position", pa.string()),
-    ("_cdc_source_ts", pa.timestamp("us", tz="UTC")),
-])
-
-SCD1 = apply_mode("scd1")
-
-
-def batch(spark, *rows):
-    return pa.Table.from_pylist([dict(zip(SCHEMA.names, (k, n, op, pos, None), strict=True))
-                                 for k, n, op, pos in rows], schema=SCHEMA)
-
-
-def commit(version, offsets):
-    return CommitRequest("cdc_assets:t", version, "t", offsets)
+from cdc_assets.io.delta import DeltaTarget, DeltaWriterError, select_writer
+from tests.support.delta import SCD1, batch, commit
 
 
 def contents(spark, writer, path):

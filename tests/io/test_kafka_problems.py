@@ -9,7 +9,7 @@ import pytest
 
 from cdc_assets.demo.broker import ApacheKafkaBroker, free_port
 from cdc_assets.io.kafka_source import LIBRDKAFKA_LOGGER, KafkaSource, SourceError, UnknownTopicError
-from tests.conftest import new_topic, produce
+from tests.support.topics import new_topic, produce
 
 
 def _librdkafka_lines(caplog) -> list[str]:

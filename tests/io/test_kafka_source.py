@@ -6,7 +6,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from cdc_assets.io.kafka_source import KafkaSource, SourceError, UnknownTopicError
-from tests.conftest import new_topic, produce
+from tests.support.topics import new_topic, produce
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Delta tables on S3-compatible object storage, for both writers, against a real S3-API server (moto's,
-``tests/objectstore.py``): the writer seam, the pipeline's own tables and ``cdc_merge_job`` end to end give
+``tests/support/objectstore.py``): the writer seam, the pipeline's own tables and ``cdc_merge_job`` end to end give
 what they give on local disk. One server and one S3-enabled local Spark server serve the whole module."""
 
 import json
@@ -15,23 +15,21 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from cdc_assets.config import ConfigError, parse_config
-from cdc_assets.core.apply_modes import apply_mode
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
-from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter, MergeOutcome
+from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, MergeOutcome
 from cdc_assets.io.registry import read_history, record_change
 from cdc_assets.io.signals import SnapshotSignal, audit_signal
 from cdc_assets.io.spark import spark_config
 from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
 from cdc_assets.io.storage import StorageConfigError, delta_rs_options, spark_path, spark_settings
 from cdc_assets.io.transactions import TransactionLog, ingest_transactions
-from tests.conftest import new_topic, produce, race_after_fold
-from tests.io.test_delta_writers import SCHEMA, batch, commit
-from tests.objectstore import ACCESS_KEY_ENV, SECRET_KEY_ENV, ObjectStore
-from tests.test_definitions import KEYS, sample_published
-from tests.test_transactions import new_topic_named, tx_event
-
-SCD1 = apply_mode("scd1")
+from tests.support.delta import SCD1, batch, commit, table_rows, writer_named, writer_run
+from tests.support.merges import race_after_fold
+from tests.support.objectstore import ACCESS_KEY_ENV, SECRET_KEY_ENV, ObjectStore
+from tests.support.samples import KEYS, sample_published
+from tests.support.topics import new_topic, new_topic_named, produce
+from tests.support.transactions import tx_event
 
 
 @pytest.fixture(scope="module")
@@ -53,50 +51,6 @@ def bucket(object_store: ObjectStore) -> str:
 @pytest.fixture(params=["delta-rs", "delta-spark"])
 def s3_writer(request: pytest.FixtureRequest) -> str:
     return request.param
-
-
-def writer_named(name: str, spark: SparkSession) -> DeltaWriter:
-    return DeltaRsWriter() if name == "delta-rs" else DeltaSparkWriter(spark)
-
-
-def latest_commit(spark: SparkSession, writer: DeltaWriter, target: DeltaTarget) -> dict:
-    """The newest commit's info as each writer's reader gives it: what the batch committed."""
-    if writer.name == "delta-rs":
-        entry = DeltaTable(target.path, storage_options=delta_rs_options(target.storage_options)).history(1)[0]
-    else:
-        entry = spark.sql(f"DESCRIBE HISTORY delta.`{spark_path(target.path)}` LIMIT 1").first().asDict()
-    return {"version": entry["version"], "operation": entry["operation"],
-            "userMetadata": json.loads(entry["userMetadata"])}
-
-
-def table_rows(spark: SparkSession, writer: DeltaWriter, target: DeltaTarget) -> list[tuple]:
-    if writer.name == "delta-rs":
-        rows = DeltaTable(target.path, storage_options=delta_rs_options(target.storage_options)).to_pyarrow_table()
-        rows = rows.to_pylist()
-    else:
-        rows = [r.asDict() for r in spark.read.format("delta").load(spark_path(target.path)).collect()]
-    return sorted(tuple(row[name] for name in SCHEMA.names) for row in rows)
-
-
-def writer_run(spark: SparkSession, writer: DeltaWriter, target: DeltaTarget) -> list:
-    """The writer suite's basic sequence (create, merge, repeat, offsets only): what each step committed, then
-    the table's rows."""
-    steps = [
-        lambda: writer.merge(target, batch(spark, (1, "a", "c", "01"), (2, "b", "c", "02")), ["My Id"],
-                             commit(10, {0: 7, 1: 3}), SCD1),
-        lambda: writer.merge(target, batch(spark, (1, "a2", "u", "03"), (2, None, "d", "04"), (3, "c", "c", "05")),
-                             ["My Id"], commit(12, {0: 9, 1: 3}), SCD1),
-        lambda: writer.merge(target, batch(spark, (9, "z", "c", "09")), ["My Id"], commit(12, {0: 9, 1: 3}), SCD1),
-        lambda: writer.commit_progress(target, commit(13, {0: 10, 1: 3})),
-    ]
-    seen = []
-    for step in steps:
-        outcome = step()
-        progress = writer.read_progress(target, "cdc_assets:t")
-        seen.append((outcome.inserted, outcome.updated, outcome.deleted, outcome.already_applied,
-                     outcome.delta_version, progress.offsets, progress.txn_version, progress.delta_version,
-                     latest_commit(spark, writer, target)))
-    return [*seen, table_rows(spark, writer, target)]
 
 
 def test_the_writer_suite_on_s3_gives_what_it_gives_on_local_disk(s3_spark, object_store, bucket, s3_writer,
@@ -339,7 +293,7 @@ def test_two_delta_spark_runs_of_one_process_racing_on_s3_commit_a_batch_once(s3
     from cdc_assets.catalog import CapturedTable
     from cdc_assets.config import BatchLimits
     from cdc_assets.io.kafka_source import KafkaSource
-    from tests.test_resilience import events
+    from tests.support.samples import events
 
     topic = new_topic(broker, "races3.s.t")
     produce(broker, topic, events(0, 50, topic_key=lambda i: i))
@@ -371,7 +325,7 @@ def test_two_delta_spark_runs_of_one_process_racing_on_s3_commit_a_batch_once(s3
     assert sorted((row["id"], row["v"]) for row in rows) == [(i, 50 + i) for i in range(50)]
 
 
-RACE_WORKER = Path(__file__).with_name("race_worker.py")
+RACE_WORKER = Path(__file__).resolve().parents[1] / "support" / "race_worker.py"
 
 
 @pytest.mark.parametrize("writer_name", ["delta-rs", "delta-spark"])
@@ -382,7 +336,7 @@ def test_two_run_processes_racing_on_s3_commit_a_batch_once(s3_spark, broker, ob
     import subprocess
     import sys
 
-    from tests.test_resilience import events
+    from tests.support.samples import events
 
     topic = new_topic(broker, "raceproc.s.t")
     produce(broker, topic, events(0, 50, topic_key=lambda i: i))
@@ -421,7 +375,7 @@ CRASH_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "crash_trial
 
 
 def test_crash_trials_on_s3_with_delta_spark_lose_and_duplicate_nothing(tmp_path):
-    # benchmarks/crash_trials.py's S3 leg on delta-spark (tests/test_resilience.py runs delta-rs's): SIGKILL at
+    # benchmarks/crash_trials.py's S3 leg on delta-spark (tests/merge/test_resilience.py runs delta-rs's): SIGKILL at
     # named points and at random moments timed from the worker's progress, a rerun, the table checked against the
     # reference fold. The MERGE runs in the local Spark server, which outlives the killed worker.
     import subprocess

@@ -5,7 +5,8 @@ import pytest
 from cdc_assets import TableSpec
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.row_history import row_history
-from tests.conftest import captured_table, new_topic, produce, run_batch
+from tests.support.merges import captured_table, run_batch
+from tests.support.topics import new_topic, produce
 
 
 def event(op, key, value, lsn):

@@ -5,7 +5,6 @@ import uuid
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from cdc_assets.io.signals import (
     KafkaSignalChannel,
@@ -14,19 +13,7 @@ from cdc_assets.io.signals import (
     SourceTableSignalChannel,
     data_collection,
 )
-from tests.conftest import new_topic
-
-
-def read_topic(broker, topic):
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "signal-tests",
-                         "enable.auto.commit": False})
-    _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    messages = []
-    while len(messages) < high:
-        messages += [m for m in consumer.consume(100, timeout=2) if m.error() is None]
-    consumer.close()
-    return [(m.key().decode(), json.loads(m.value())) for m in messages]
+from tests.support.topics import new_topic, read_topic
 
 
 def test_kafka_channel_sends_debezium_3s_signal_formats(broker):

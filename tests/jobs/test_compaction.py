@@ -11,8 +11,7 @@ from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
-from tests.conftest import produce
-from tests.test_transactions import new_topic_named
+from tests.support.topics import new_topic_named, produce
 
 CONFIG = """\
 kafka: {{bootstrap_servers: "{bootstrap}"}}

@@ -12,33 +12,9 @@ from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.signals import SignalError
-from tests.conftest import captured_table, new_topic, produce, read_rows, run_batch
-from tests.io.test_signals import read_topic
-
-CONFIG = """\
-kafka:
-  bootstrap_servers: {bootstrap}
-delta:
-  root: {root}
-connectors:
-  - name: inventory
-    kind: postgresql
-    topic.prefix: dbserver1
-    signal:
-      channel: kafka
-      topic: {signal_topic}
-    snapshot_schedules:
-      - name: weekly
-        cron: "0 3 * * 0"
-        tables: [inventory.customers]
-        additional_condition: "region = 'eu'"
-      - name: nightly
-        cron: "0 1 * * *"
-        tables: ["inventory\\\\.orders_.*"]
-        running: true
-    tables:
-      - name: inventory.customers
-"""
+from tests.support.merges import captured_table, read_rows, run_batch
+from tests.support.snapshots import CONFIG
+from tests.support.topics import new_topic, produce, read_topic
 
 
 def definitions(broker, tmp_path, signal_topic="unused.signals"):

@@ -10,7 +10,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
-from tests.jobs.test_snapshots import CONFIG
+from tests.support.snapshots import CONFIG
 
 
 def test_missing_target_requests_snapshot_and_merge_once_then_again_when_empty(broker, tmp_path):
@@ -50,7 +50,7 @@ def test_the_merge_alone_where_the_topic_holds_the_whole_history_a_snapshot_only
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from tests.conftest import new_topic, produce
+    from tests.support.topics import new_topic, produce
 
     prefix = new_topic(broker, "bf").replace(".", "_")
     topics = {name: f"{prefix}.s.{name}" for name in ("whole", "retained", "absent")}

@@ -1,0 +1,213 @@
+"""The Dagster UI in a real browser, following the README's tour: `scripts/demo --ui` (a local broker, the
+sample, a merge, `dagster dev`), a round of changes (`scripts/demo --changes`) materialized from the UI,
+driven by headless Chromium. The tour's screenshots land in docs/images/."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cdc_assets.demo.broker import free_port
+from tests.support.ui import until_ui
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "docs" / "images"
+ARTIFACTS = ROOT / "tests" / "artifacts"  # the last page seen, for a failure's diagnosis
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def tour(tmp_path):
+    """The tour's first terminal: `scripts/demo --ui` on a `.cdc-demo` and ports of the test's own (the env
+    vars it reads), until Ctrl-C at the end; yields the UI's URL and the demo's environment."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Chromium is not installed (scripts/setup-tests installs Debian's chromium)")
+    port = free_port()
+    env = {**os.environ, "CDC_DEMO_DIR": str(tmp_path / ".cdc-demo"), "CDC_DEMO_UI_PORT": str(port),
+           "CDC_DEMO_BROKER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
+    env.pop("CDC_ASSETS_CONFIG", None)
+    demo = subprocess.Popen(["scripts/demo", "--ui"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        until_ui(demo, port)
+        yield f"http://127.0.0.1:{port}", env
+    finally:
+        os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C
+        try:
+            demo.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(demo.pid, signal.SIGKILL)
+            raise
+
+
+def metadata_value(body: str, key: str) -> str:
+    """The value shown next to a metadata key in the asset page's metadata table."""
+    index = body.find(key)
+    assert index >= 0, f"metadata '{key}' is not shown on the asset page"
+    cells = [line.strip() for line in body[index:index + 300].splitlines() if line.strip()]
+    return cells[2]  # key, timestamp, value
+
+
+def test_the_tour_in_the_ui(tour):
+    from playwright.sync_api import sync_playwright
+
+    base, env = tour
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    location = f"{base}/locations/__repository__@cdc_assets.definitions/jobs"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        try:
+            # Dagster's "Join the community" dialog may open at any moment and cover the page: skip it whenever.
+            skip = page.get_by_role("button", name="Skip")
+            page.add_locator_handler(skip, lambda: skip.click())
+
+            # Step 1: the demo's merge is already there, with its materializations.
+            page.goto(base + "/assets/dbserver1/inventory/products")
+            page.get_by_text("rows_inserted").first.wait_for(timeout=60_000)
+            assert int(metadata_value(page.locator("body").inner_text(), "rows_inserted")) == 10
+
+            # Step 2: a round of changes, materialized from the UI.
+            changes = subprocess.run(["scripts/demo", "--changes"], cwd=ROOT, env=env, capture_output=True, text=True,
+                                     timeout=300)
+            assert changes.returncode == 0 and "change round 1: published" in changes.stdout, changes.stderr
+            page.goto(base + "/asset-groups")
+            materialize_all = page.get_by_role("button", name="Materialize all")
+            materialize_all.wait_for(timeout=60_000)
+            for group in ("inventory", "sales"):
+                assert page.get_by_text(group, exact=True).first.is_visible()
+            page.screenshot(path=str(IMAGES / "asset_graph.png"))
+
+            # Wait for the launch request's answer: leaving the page before it arrives would cancel the launch.
+            def launch(response):
+                return "graphql" in response.url and "LaunchPipelineExecution" in (response.request.post_data or "")
+
+            with page.expect_response(launch, timeout=120_000) as launched:
+                materialize_all.click()
+            # The UI runs the first job (by name) holding the selected tables, with that job's checks of them:
+            # CDC_merge_from_UI, each table's blocking checks only (not the 15 of Dagster's own asset job): the key
+            # check, and on PostgreSQL's tables the unavailable values' check.
+            selector = json.loads(launched.value.request.post_data)["variables"]["executionParams"]["selector"]
+            assert selector["pipelineName"] == "CDC_merge_from_UI", selector
+            checks = selector["assetCheckSelection"]
+            assert sorted((check["name"], "/".join(check["assetKey"]["path"])) for check in checks) == [
+                ("primary_key", "dbserver1/inventory/customers"), ("primary_key", "dbserver1/inventory/products"),
+                ("primary_key", "server1/dbo/orders"),
+                ("unavailable_values_kept", "dbserver1/inventory/customers"),
+                ("unavailable_values_kept", "dbserver1/inventory/products")], checks
+            page.goto(base + "/assets/dbserver1/inventory/products")
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                body = page.locator("body").inner_text()
+                if "delta_version" in body and int(metadata_value(body, "delta_version")) == 2:
+                    break
+                page.wait_for_timeout(3000)
+                page.reload()
+            page.get_by_text("captured by postgresql connector").first.wait_for(timeout=60_000)
+            page.screenshot(path=str(IMAGES / "products_asset.png"), full_page=True)
+            body = page.locator("body").inner_text()
+            assert int(metadata_value(body, "delta_version")) == 2  # the round's insert, update and delete
+            assert int(metadata_value(body, "rows_inserted")) == 1 and int(metadata_value(body, "rows_deleted")) == 1
+
+            page.goto(base + "/runs")
+            page.wait_for_timeout(3000)
+            page.screenshot(path=str(IMAGES / "runs.png"))
+            runs = page.locator("body").inner_text()
+            assert "Failure" not in runs, f"a run failed: {runs[:2000]}"
+
+            # The checks the freshness schedule runs, launched now from its job's launchpad: they pass, with
+            # the lag as a duration.
+            page.goto(f"{location}/cdc_freshness_job/playground")
+            launch_run = page.get_by_role("button", name="Launch Run")
+            launch_run.wait_for(timeout=60_000)
+            launch_run.click()
+            page.wait_for_timeout(5000)
+            page.goto(base + "/assets/dbserver1/inventory/products?view=checks")
+            page.get_by_text("capture_lag", exact=True).first.click()
+            page.get_by_text("within the bound of 1 h").first.wait_for(timeout=120_000)
+            page.screenshot(path=str(IMAGES / "capture_lag_check.png"), full_page=True)
+            page.goto(base + "/assets/dbserver1/inventory/products?view=checks")
+            page.get_by_text("freshness", exact=True).first.click()
+            page.get_by_text("events_waiting").first.wait_for(timeout=60_000)
+            page.screenshot(path=str(IMAGES / "freshness_check.png"), full_page=True)
+            shown = page.locator("body").inner_text()
+            assert "Live, on its own schedule" in shown and "nothing waits" in shown
+
+            # The merge job's launchpad: the config a user sets, without the machine's jars and JVM flags.
+            page.goto(f"{location}/cdc_merge_job/playground")
+            page.get_by_role("button", name="Launch Run").wait_for(timeout=60_000)
+            page.get_by_text("resources", exact=False).first.wait_for(timeout=60_000)
+            page.screenshot(path=str(IMAGES / "cdc_merge_job_launchpad.png"))
+            launchpad = page.locator("body").inner_text()
+            assert "spark.jars" not in launchpad and "ExtraJavaOptions" not in launchpad
+
+            # The signal jobs' launchpads: typed config for each Debezium signal.
+            for job in ("incremental_snapshot_job", "pause_snapshot_job"):
+                page.goto(f"{location}/{job}/playground")
+                page.get_by_role("button", name="Launch Run").wait_for(timeout=60_000)
+                page.get_by_text("send_", exact=False).first.wait_for(timeout=60_000)
+                page.screenshot(path=str(IMAGES / f"{job}_launchpad.png"))
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "last_page.png"))
+            browser.close()
+
+
+def test_the_components_assets_and_automation_in_the_ui(tmp_path):
+    """`dg dev` on the component's example project (examples/dg_project): the asset graph shows each topic
+    upstream of its Delta table, in the group the translation names; the automation page lists Dagster's
+    automation sensor beside the project's sensors and schedules. Screenshots land in docs/images/."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.support.component import EXAMPLE_TABLES, copy_of_example, dg_dev
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Chromium is not installed (scripts/setup-tests installs Debian's chromium)")
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with dg_dev(copy_of_example(tmp_path), tmp_path) as (base, nodes), sync_playwright() as playwright:
+        assert {"/".join(node["assetKey"]["path"]) for node in nodes} >= EXAMPLE_TABLES
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        page = browser.new_page(viewport={"width": 1600, "height": 1000})
+        try:
+            skip = page.get_by_role("button", name="Skip")  # Dagster's "Join the community" dialog
+
+            def settled(url: str, text: str) -> str:
+                """The page at ``url`` once ``text`` shows and the community dialog (which a screenshot
+                does not dismiss) is gone: its text."""
+                page.goto(url)
+                page.get_by_text(text, exact=True).first.wait_for(timeout=60_000)
+                page.wait_for_timeout(2000)  # the graph's layout settles; the dialog may open
+                if skip.is_visible():
+                    skip.click()
+                    skip.wait_for(state="hidden")
+                return page.locator("body").inner_text()
+
+            # The graph of the translated group: each table with its topic upstream (two "orders" nodes).
+            settled(base + "/asset-groups/bronze_sales", "orders")
+            page.screenshot(path=str(IMAGES / "component_assets.png"))
+            overview = settled(base + "/assets/sales/public/orders", "orders")
+            # Its overview names the topic upstream, and the condition the example's post_processing set.
+            assert "Upstream assets\nkafka / sales / public / orders" in overview, overview[-3000:]
+            assert "on_cron(*/5 * * * *, UTC)" in overview, overview[-3000:]
+            settled(base + "/assets/sales/public/orders?view=lineage", "orders")
+            page.screenshot(path=str(IMAGES / "component_lineage.png"))
+
+            # Automation: Dagster's own automation sensor (what evaluates the tables' eager conditions) and
+            # the project's sensors and schedules, each with its status.
+            automation = settled(base + "/automation", "events_waiting_sensor")
+            page.screenshot(path=str(IMAGES / "automation.png"), full_page=True)
+            for name in ("default_automation_condition_sensor", "schema_change_sensor", "cdc_freshness_schedule"):
+                assert name in automation, automation[:3000]
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "last_page.png"))
+            browser.close()

@@ -1,0 +1,101 @@
+"""The demo's parts: the sample published twice; rounds of changes newer than the sample and each other;
+checks that cannot evaluate (no materialization, no broker) say why instead of passing or failing the run.
+The demo itself, end to end, runs as the docs' tour (tests/demo/test_docs_first_hour.py)."""
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from dagster import DagsterInstance
+
+from cdc_assets.config import parse_config
+from cdc_assets.definitions import build_definitions
+from cdc_assets.demo.broker import free_port
+from cdc_assets.demo.sample import change_round, publish_sample, sample_topics
+from tests.support.samples import CONFIG
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_sample_can_be_published_again(broker):
+    """Publishing it again is no error (no TOPIC_ALREADY_EXISTS) and publishes nothing twice."""
+    publish_sample(broker.bootstrap_servers)  # the first time, unless another test of the session did it
+    again = publish_sample(broker.bootstrap_servers)
+    assert again == {topic: 0 for topic in sample_topics(0)}
+
+
+def test_change_rounds_are_newer_than_the_sample_and_each_other():
+    sample = sample_topics(0)
+    for topic, records in change_round(1, now_ms=10).items():
+        assert topic in sample and records
+    first, second = change_round(1, now_ms=10), change_round(2, now_ms=10)
+    orders = [json.loads(value)["payload"]["source"]["commit_lsn"] for _, value in second["server1.dbo.orders"]
+              if value is not None]
+    assert orders == sorted(orders) and orders[0] > json.loads(first["server1.dbo.orders"][-1][1])["payload"][
+        "source"]["commit_lsn"]
+
+
+def test_checks_that_cannot_evaluate_say_why(broker, tmp_path):
+    """Before any merge, no check claims to pass; with no broker, the freshness checks say so within seconds
+    of the probe's timeout instead of failing the run."""
+    config = CONFIG.replace("dbserver1", "nomat1").replace("server1", "nomat2")
+    defs = build_definitions(parse_config(config.format(bootstrap=broker.bootstrap_servers, root=tmp_path)))
+    with DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_job_def("cdc_freshness_job").execute_in_process(instance=instance)
+        assert result.success
+        evaluations = {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
+        lag = evaluations[("products", "capture_lag")]
+        assert not lag.passed and "no materialization yet" in lag.description
+        assert lag.severity.value == "WARN"
+        assert {name for _, name in evaluations} == {"capture_lag", "no_dead_letters", "schema_matches_source",
+                                                     "freshness"}
+        assert not [check for check, e in evaluations.items() if e.passed]
+        assert all("no materialization yet" in e.description for (_, name), e in evaluations.items()
+                   if name != "freshness")
+        assert "does not exist" in evaluations[("products", "freshness")].description  # no topic either
+
+    closed = free_port()
+    offline = build_definitions(parse_config(config.format(bootstrap=f"127.0.0.1:{closed}", root=tmp_path)))
+    with DagsterInstance.ephemeral() as instance:
+        started = time.monotonic()
+        result = offline.resolve_job_def("cdc_freshness_job").execute_in_process(instance=instance)
+        assert result.success, "a broker that does not answer is a check result, not a failed run"
+        assert time.monotonic() - started < 60
+        freshness = [e for e in result.get_asset_check_evaluations() if e.check_name == "freshness"]
+        assert len(freshness) == 3 and not any(e.passed for e in freshness)
+        assert all(f"127.0.0.1:{closed}" in e.description and "is the broker running" in e.description
+                   for e in freshness)
+
+
+def test_the_broker_command_runs_until_ctrl_c_and_keeps_its_topics_in_its_data_dir(tmp_path):
+    """``python -m cdc_assets.demo.broker``: a broker that stays up for the tour's own Dagster; a second
+    start on the same data dir finds the topics of the first; a taken port is refused with a clear message."""
+    import os
+    import signal
+    import sys
+
+    from confluent_kafka.admin import AdminClient
+
+    port = free_port()
+    command = [sys.executable, "-m", "cdc_assets.demo.broker", "--port", str(port), "--data-dir", str(tmp_path)]
+    for start in (1, 2):
+        broker = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+        try:
+            assert broker.stdout is not None
+            first = broker.stdout.readline()
+            assert first.startswith(f"Apache Kafka on 127.0.0.1:{port}"), first + broker.stdout.read()
+            assert f"export CDC_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{port}" in broker.stdout.readline()
+            if start == 1:
+                publish_sample(f"127.0.0.1:{port}")
+                taken = subprocess.run(command, capture_output=True, text=True, timeout=60)
+                assert taken.returncode == 2 and f"port {port} on 127.0.0.1 is taken" in taken.stderr
+            else:
+                admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0})  # outlives the broker
+                topics = admin.list_topics(timeout=10).topics
+                assert set(sample_topics(0)) <= set(topics)
+                assert publish_sample(f"127.0.0.1:{port}") == {topic: 0 for topic in sample_topics(0)}
+        finally:
+            broker.send_signal(signal.SIGINT)  # Ctrl-C
+            assert broker.wait(60) == 0

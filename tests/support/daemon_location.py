@@ -1,0 +1,31 @@
+"""The code location tests/definitions/test_daemon.py runs under ``dagster-daemon``: the project's definitions for the
+pipeline config ``CDC_ASSETS_CONFIG`` names, with the events-waiting sensor and the automation condition
+sensor ticking every few seconds instead of their production 60 s and 30 s (nothing else changed)."""
+
+from dagster import AssetSelection, AutomationConditionSensorDefinition, Definitions, SensorDefinition
+
+from cdc_assets.config import load_config
+from cdc_assets.definitions import build_definitions
+
+TEST_INTERVAL_S = 5  # the sensor daemon's loop: no tick comes sooner anyway
+
+def faster(sensor: SensorDefinition) -> SensorDefinition:
+    """``sensor`` evaluating the same function every ``TEST_INTERVAL_S`` seconds."""
+    if sensor.name != "events_waiting_sensor":
+        return sensor
+    return SensorDefinition(name=sensor.name, evaluation_fn=sensor._raw_fn, description=sensor.description,
+                            minimum_interval_seconds=TEST_INTERVAL_S)
+
+
+def with_faster_sensors(project: Definitions) -> Definitions:
+    """``project`` with its events-waiting sensor and its automation condition sensor ``faster``."""
+    # Named as Dagster names the sensor it adds by itself, so the test turns on the sensor a user turns on.
+    automation = AutomationConditionSensorDefinition("default_automation_condition_sensor",
+                                                     target=AssetSelection.all(),
+                                                     minimum_interval_seconds=TEST_INTERVAL_S)
+    return Definitions(assets=project.assets, asset_checks=project.asset_checks, jobs=project.jobs,
+                       schedules=project.schedules, resources=project.resources, executor=project.executor,
+                       sensors=[*(faster(sensor) for sensor in project.sensors or []), automation])
+
+
+defs = with_faster_sensors(build_definitions(load_config()))
