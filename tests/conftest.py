@@ -20,7 +20,7 @@ from cdc_assets.core import ChangeEventLayout, value_type
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker
 from cdc_assets.demo.events import Record
 from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter
-from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.io.spark import DELTA_JARS_ENV_VAR, delta_jars_dir, has_delta, spark_config, spark_records
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, disconnect, ensure_local_server, stop_all
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
