@@ -348,7 +348,7 @@ def decode_child(variant: str, bootstrap: str, registry_url: str, batch: int) ->
     from cdc_assets.core.envelope import decode_change_events, value_type
     from cdc_assets.core.layout import derive_layout
     from cdc_assets.io.avro import SchemaRegistrySettings, record_decoder
-    from cdc_assets.io.kafka_source import KafkaSource
+    from cdc_assets.io.kafka import KafkaSource
     from cdc_assets.io.spark import spark_records, without_schemas
     from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
 

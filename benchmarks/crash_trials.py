@@ -55,7 +55,7 @@ def worker(args: argparse.Namespace) -> None:
     from cdc_assets.catalog import CapturedTable
     from cdc_assets.config import BatchLimits
     from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter
-    from cdc_assets.io.kafka_source import KafkaSource
+    from cdc_assets.io.kafka import KafkaSource
     from cdc_assets.io.spark import spark_config
     from cdc_assets.io.spark_server import connect, ensure_local_server
 

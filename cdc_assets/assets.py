@@ -39,7 +39,7 @@ from cdc_assets.checks import (
 )
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget, DeltaWriter
-from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.pipeline import BatchReport
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource

@@ -37,8 +37,8 @@ from cdc_assets.catalog import CapturedTable
 from cdc_assets.core.layout import PLACEHOLDER_KINDS
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget, DeltaWriter, KeyReport, open_table
-from cdc_assets.io.freshness import TableFreshness, TopicProbe, freshness_verdict
-from cdc_assets.io.kafka_source import SourceError
+from cdc_assets.io.freshness import FreshnessProbe, TableFreshness, freshness_verdict
+from cdc_assets.io.kafka import SourceError
 from cdc_assets.io.registry import RegistryEntry, read_registry
 from cdc_assets.io.transactions import latest_watermark
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
@@ -79,7 +79,7 @@ def _key_report(table: CapturedTable, writer: DeltaWriter, merged_keys: Sequence
 FRESHNESS_CHECK = "freshness"
 
 
-def live_freshness(table: CapturedTable, probe: TopicProbe) -> tuple[TableFreshness, datetime | None]:
+def live_freshness(table: CapturedTable, probe: FreshnessProbe) -> tuple[TableFreshness, datetime | None]:
     """The table's topic against the offsets its Delta table committed, and the connector's newest
     heartbeat (looked up only for a connector that sends them)."""
     progress = DeltaRsWriter().read_progress(table.target, table.app_id)  # the Delta log alone: no Spark
@@ -382,7 +382,7 @@ def build_freshness_checks(name: str, tables: Sequence[CapturedTable],
     def freshness(context: AssetCheckExecutionContext, kafka: KafkaResource) -> Iterator[AssetCheckResult]:
         settings = kafka.client_settings()
         unreachable: str | None = None  # once the broker is unreachable, the other tables are not probed
-        with TopicProbe(settings) as probe:
+        with FreshnessProbe(settings) as probe:
             for check_key in context.selected_asset_check_keys:
                 table = by_key[check_key.asset_key]
                 if unreachable is not None:

@@ -12,7 +12,7 @@ from cdc_assets.catalog import CapturedTable, resolve_tables, table_finder
 from cdc_assets.checks import build_freshness_checks, build_scheduled_table_checks
 from cdc_assets.config import PipelineConfig, load_config
 from cdc_assets.io.delta import DeltaTarget
-from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.io.registry import read_registry
 from cdc_assets.resources import build_resources, kafka_client_settings, registry_path
 from cdc_assets.topics import build_topic_sources

@@ -48,7 +48,7 @@ from cdc_assets.core.types import placeholder_needles
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
 from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
-from cdc_assets.io.kafka_source import Cut, KafkaSource, RawBatch
+from cdc_assets.io.kafka import Cut, KafkaSource, RawBatch
 from cdc_assets.io.spark import is_local, spark_records, without_schemas
 from cdc_assets.io.transactions import ingest_transactions, table_horizon
 

@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 from cdc_assets.catalog import pipeline_table_path
 from cdc_assets.config import KafkaConfig, PipelineConfig
 from cdc_assets.io.delta import DeltaRsWriter, DeltaWriter, select_writer
-from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.io.signals import (
     DEFAULT_DEBEZIUM_VERSION,
     KafkaSignalChannel,

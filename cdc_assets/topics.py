@@ -31,7 +31,7 @@ from dagster import (
 from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
 from cdc_assets.catalog import CapturedTable
-from cdc_assets.io.freshness import TopicProbe
+from cdc_assets.io.kafka import TopicProbe
 from cdc_assets.translator import CdcTranslator
 
 TOPIC_KINDS = {"kafka"}

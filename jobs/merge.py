@@ -23,7 +23,7 @@ from dagster import (
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import MergeScheduleConfig, PipelineConfig
-from cdc_assets.io.freshness import TopicProbe
+from cdc_assets.io.kafka import TopicProbe
 from cdc_assets.topics import recorded_ends
 from cdc_assets.translator import STATUS_TAG, CdcTranslator
 

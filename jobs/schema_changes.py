@@ -71,7 +71,7 @@ from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
 from cdc_assets.core.layout import HIDDEN_PREFIX
 from cdc_assets.core.schema_change import SchemaChangeError, diff_schema, source_type_changes
 from cdc_assets.io.delta import DeltaTarget, DeltaWriter, open_table
-from cdc_assets.io.kafka_source import SourceError
+from cdc_assets.io.kafka import SourceError
 from cdc_assets.io.registry import RegistryEntry, append_change, change_row, read_history
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 

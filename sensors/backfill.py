@@ -25,8 +25,7 @@ from dagster import (
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.checks import merge_run_checks
 from cdc_assets.io.delta import open_table
-from cdc_assets.io.freshness import TopicProbe
-from cdc_assets.io.kafka_source import SourceError
+from cdc_assets.io.kafka import SourceError, TopicProbe
 from cdc_assets.io.signals import data_collection
 from cdc_assets.translator import CdcTranslator
 from jobs.snapshots import execute_snapshot_run_config

@@ -10,8 +10,8 @@ from dagster import AssetObservation, SensorDefinition, SensorEvaluationContext,
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.checks import freshness_metadata, live_freshness
-from cdc_assets.io.freshness import TopicProbe
-from cdc_assets.io.kafka_source import SourceError
+from cdc_assets.io.freshness import FreshnessProbe
+from cdc_assets.io.kafka import SourceError
 from cdc_assets.topics import topic_observations
 from cdc_assets.translator import CdcTranslator
 
@@ -28,7 +28,7 @@ def make_events_waiting_sensor(tables: Sequence[CapturedTable], kafka_settings: 
                         "cursor: the observations are the topics' state, recorded on the topic assets")
     def events_waiting_sensor(context: SensorEvaluationContext) -> SensorResult:
         observations = []
-        with TopicProbe(kafka_settings) as probe:
+        with FreshnessProbe(kafka_settings) as probe:
             topics = {observation.asset_key: observation for observation in topic_observations(tables, probe,
                                                                                                  translator)}
             for table in tables:

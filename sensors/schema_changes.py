@@ -9,6 +9,7 @@ that were acted on: a malformed event stops its topic there. The tick fails with
 coordinates when nothing before it was requested; otherwise it logs the error and requests those runs.
 """
 
+import functools
 import json
 from collections.abc import Callable
 
@@ -18,7 +19,7 @@ from cdc_assets.catalog import CapturedTable, captures, schema_registry_settings
 from cdc_assets.config import PipelineConfig
 from cdc_assets.core.schema_change import SchemaChangeError, parse_schema_change
 from cdc_assets.io.avro import record_decoder
-from cdc_assets.io.kafka_source import KafkaSource, SourceError
+from cdc_assets.io.kafka import KafkaSource, read_control_if_exists
 from cdc_assets.resources import kafka_client_settings
 from cdc_assets.translator import CdcTranslator
 
@@ -46,27 +47,13 @@ def make_schema_change_sensor(config: PipelineConfig, table_for: Callable[[str, 
             for connector in config.connectors:
                 topic = connector.topic_prefix
                 offsets = {int(p): o for p, o in cursor.get(topic, {}).items()}
-                try:
-                    batch = source.read_batch(topic, offsets, MAX_EVENTS_PER_TICK, 64 * 1024 * 1024, 10,
+                read = read_control_if_exists(source, topic, offsets, MAX_EVENTS_PER_TICK,
                                               decode=record_decoder(schema_registry_settings(connector)))
-                except SourceError as exc:
-                    if "does not exist" in str(exc):
-                        continue  # no DDL captured yet
-                    raise
-                next_offsets = dict(batch.end_offsets)
-                stopped: set[int] = set()
-                records = batch.records.to_pylist()
-                for record in sorted(records, key=lambda r: (r["partition"], r["offset"])):
-                    partition, offset = record["partition"], record["offset"]
-                    if partition in stopped:
-                        continue
-                    try:
-                        event = parse_schema_change(record["value"], connector.kind)
-                    except SchemaChangeError as exc:
-                        problems.append(f"{topic} partition {partition} offset {offset}: {exc}")
-                        next_offsets[partition] = offset
-                        stopped.add(partition)
-                        continue
+                if read is None:
+                    continue  # no DDL captured yet
+                parse = functools.partial(parse_schema_change, kind=connector.kind)
+                for record, event in read.events(parse, SchemaChangeError):
+                    partition, offset = record.partition, record.offset
                     for index, change in enumerate(event.changes):
                         if change not in event.acted_on or not captures(connector, change.name):
                             continue
@@ -82,7 +69,8 @@ def make_schema_change_sensor(config: PipelineConfig, table_for: Callable[[str, 
                         requests.append(RunRequest(
                             run_key=f"schema-change:{topic}:{partition}:{offset}:{index}", run_config=run_config,
                             tags={"cdc_assets/schema_change": f"{change.type} {connector.name}/{change.name}"}))
-                cursor[topic] = {str(p): o for p, o in next_offsets.items()}
+                problems += read.problems
+                cursor[topic] = {str(p): o for p, o in read.next_offsets.items()}
         finally:
             source.close()
         if problems and not requests:

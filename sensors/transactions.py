@@ -22,7 +22,7 @@ from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import ConnectorConfig
 from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event
 from cdc_assets.io.avro import record_decoder
-from cdc_assets.io.kafka_source import KafkaSource, SourceError
+from cdc_assets.io.kafka import KafkaSource, read_control_if_exists
 from cdc_assets.io.transactions import TransactionLogError, touched_tables
 from cdc_assets.translator import CdcTranslator, dagster_name
 
@@ -50,31 +50,17 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
         offsets = {int(p): o for p, o in cursor["offsets"].items()}
         source = KafkaSource(dict(kafka_settings), retries=0)
         try:
-            batch = source.read_batch(topic, offsets, MAX_EVENTS_PER_TICK, 64 * 1024 * 1024, 10,
-                                      decode=record_decoder(schema_registry_settings(connector)))
-        except SourceError as exc:
-            if "does not exist" in str(exc):
-                return SensorResult(run_requests=[], cursor=context.cursor)
-            raise
+            read = read_control_if_exists(source, topic, offsets, MAX_EVENTS_PER_TICK,
+                                          decode=record_decoder(schema_registry_settings(connector)))
         finally:
             source.close()
-        next_offsets = dict(batch.end_offsets)
+        if read is None:
+            return SensorResult(run_requests=[], cursor=context.cursor)
         completed: list[tuple[int, int, dict[str, int]]] = []
-        problems: list[str] = []
-        stopped: set[int] = set()  # partitions stopped at a malformed event; the others read on
-        for record in sorted(batch.records.to_pylist(), key=lambda r: (r["partition"], r["offset"])):
-            if record["partition"] in stopped:
-                continue
-            where = f"{topic} partition {record['partition']} offset {record['offset']}"
-            try:
-                event = parse_transaction_event(record["value"])
-            except TransactionEventError as exc:
-                problems.append(f"{where}: {exc}")
-                next_offsets[record["partition"]] = record["offset"]
-                stopped.add(record["partition"])
-                continue
+        for record, event in read.events(parse_transaction_event, TransactionEventError):
             if event.status == "END":
-                completed.append((record["partition"], record["offset"], event.collections))
+                completed.append((record.partition, record.offset, event.collections))
+        problems = read.problems
         if problems and not completed:
             raise TransactionLogError("malformed transaction event(s), cursor kept before them: "
                                       + "; ".join(problems))
@@ -91,7 +77,7 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
                 run_key=f"transactions:{topic}:" + ",".join(f"{p}:{a}-{b}" for p, (a, b) in sorted(ranges.items())),
                 asset_selection=list(selected), asset_check_keys=merge_run_checks(selected),
                 tags={"cdc_assets/transactions": str(len(completed))}))
-        new_cursor = {"offsets": {str(p): o for p, o in next_offsets.items()}}
+        new_cursor = {"offsets": {str(p): o for p, o in read.next_offsets.items()}}
         return SensorResult(run_requests=requests, cursor=json.dumps(new_cursor, sort_keys=True))
 
     return transaction_sensor

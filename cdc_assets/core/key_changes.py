@@ -159,7 +159,7 @@ def key_change_cut(records: pa.Table, end_offsets: Mapping[int, int], high_water
     """The end offsets that keep a primary-key change's delete and create in one batch, for a batch of raw
     ``records`` (``partition``, ``offset``, ``value``; tombstones null) stopped at its limits; None: the
     batch is kept whole. ``halves``: the (partition, offset) of the records that carry Debezium's key-change
-    headers (``io.kafka_source.KEY_CHANGE_HEADERS``).
+    headers (``io.kafka.KEY_CHANGE_HEADERS``).
 
     The two events are emitted one after the other, so one may still be unread only on a partition the
     batch did not read to its end, past the last event read there. The batch keeps what was emitted up to

@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_assets.demo.broker import PRODUCER_SETTINGS
 from cdc_assets.demo.events import Record, encode_key, envelope, lsn, postgres_source, sqlserver_source
-from cdc_assets.io.kafka_source import LIBRDKAFKA_LOGGER
+from cdc_assets.io.kafka import LIBRDKAFKA_LOGGER
 
 _T0 = 1_700_000_000_000
 # How long before publishing the sample's snapshot is dated; its changes follow within ~2 minutes.

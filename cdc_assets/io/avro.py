@@ -41,7 +41,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from cdc_assets.core.envelope import undecodable_value
-from cdc_assets.io.kafka_source import Decode
+from cdc_assets.io.kafka import Decode
 
 _WIRE_HEADER = struct.Struct(">bI")  # the magic byte and the schema id
 # Avro's logical types, as Kafka Connect's AvroData names them when the schema has no connect.name.
@@ -291,7 +291,7 @@ class AvroRecords:
         return b"".join((writer.opening, _PAYLOAD_TEXT(payload).encode(), b"}"))
 
     def decode(self, topic: str, records: pa.Table) -> pa.Table:
-        """``records`` (``kafka_source.RAW_SCHEMA``) with keys and values in the JSON converter's form. A
+        """``records`` (``kafka.RAW_SCHEMA``) with keys and values in the JSON converter's form. A
         record whose key or value cannot be read carries the reason in its value (a bad event; a tombstone
         stays one); an unreachable registry raises."""
         keys: list[bytes | None] = []

@@ -21,7 +21,7 @@ import pyarrow as pa
 from confluent_kafka import KafkaException, Producer
 
 from cdc_assets.io.delta import NEW_TABLE_PROPERTIES
-from cdc_assets.io.kafka_source import LIBRDKAFKA_LOGGER
+from cdc_assets.io.kafka import LIBRDKAFKA_LOGGER
 from cdc_assets.io.storage import delta_rs_options
 
 SignalType = Literal["execute-snapshot", "stop-snapshot", "pause-snapshot", "resume-snapshot"]

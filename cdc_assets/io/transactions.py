@@ -35,6 +35,7 @@ import pyarrow.dataset as pds
 from deltalake import DeltaTable, write_deltalake
 
 from cdc_assets.core.transactions import (
+    TransactionEvent,
     TransactionEventError,
     collection_count,
     commit_position,
@@ -54,7 +55,7 @@ from cdc_assets.io.delta import (
     commit_properties,
     open_table,
 )
-from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.kafka import KafkaSource, read_control
 from cdc_assets.io.storage import delta_rs_options
 
 LOG_SCHEMA = pa.schema([
@@ -201,29 +202,26 @@ def _ingest_once(source: KafkaSource, log: TransactionLog, max_records: int) -> 
     concurrent commit makes it fail, adding nothing."""
     writer = DeltaRsWriter()
     progress = writer.read_progress(log.target, log.app_id)
-    raw = source.read_batch(log.topic, progress.offsets if progress else None, max_records, 256 * 1024 * 1024, 10,
-                            decode=record_decoder(log.schema_registry))
+    read = read_control(source, log.topic, progress.offsets if progress else None, max_records, 256 * 1024 * 1024,
+                        decode=record_decoder(log.schema_registry))
+    raw = read.batch
     if raw.end_offsets == raw.start_offsets:
         return 0, True
     ordered = log.commit_ordered(len(raw.end_offsets))
     rows = []
-    for record in raw.records.to_pylist():
-        where = f"{log.topic} partition {record['partition']} offset {record['offset']}"
-        if record["value"] is None:
+    # A malformed event fails the ingest (no partition reads on past it): the log takes each event once, in order.
+    for record, event in read.events(_event, TransactionEventError, fail_as=TransactionLogError):
+        if event is None:
             continue
-        try:
-            event = parse_transaction_event(record["value"])
-        except TransactionEventError as exc:
-            raise TransactionLogError(f"{where}: {exc}") from exc
-        position = commit_position(log.kind, event.id) if ordered else record["offset"]
+        position = commit_position(log.kind, event.id) if ordered else record.offset
         if position is None:
             raise TransactionLogError(
-                f"{where}: {event.status} of transaction {event.id}: the id is not of the {log.kind} connector's "
-                f"form, so its place in commit order cannot be told across the topic's {len(raw.end_offsets)} "
-                "partitions")
+                f"{record.where}: {event.status} of transaction {event.id}: the id is not of the {log.kind} "
+                f"connector's form, so its place in commit order cannot be told across the topic's "
+                f"{len(raw.end_offsets)} partitions")
         rows.append({"id": event.id, "status": event.status, "event_count": event.event_count,
                      "collections": json.dumps(event.collections), "ts_ms": event.ts_ms,
-                     "partition": record["partition"], "offset": record["offset"],
+                     "partition": record.partition, "offset": record.offset,
                      "key": transaction_key(log.kind, event.id), "position": position})
     commit = CommitRequest(log.app_id, sum(raw.end_offsets.values()), log.topic, raw.end_offsets)
     # mode="ignore": a concurrent ingest may create the log first.
@@ -238,6 +236,11 @@ def _ingest_once(source: KafkaSource, log: TransactionLog, max_records: int) -> 
     with _concurrent_commit_guard(log.target, commit):
         write_deltalake(table, added, mode="append", commit_properties=commit_properties(commit))
     return len(rows), raw.caught_up
+
+
+def _event(value: bytes | None) -> TransactionEvent | None:
+    """The transaction event ``value`` holds (None: a tombstone, no event)."""
+    return None if value is None else parse_transaction_event(value)
 
 
 def table_horizon(log: TransactionLog, table: str, applied_end: int) -> int:

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.kafka import KafkaSource
 from tests.support import harness as h
 from tests.support.connect import ConnectWorker
 

@@ -34,7 +34,7 @@ from cdc_assets.catalog import schema_registry_settings
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.io.avro import record_decoder
-from cdc_assets.io.kafka_source import KafkaSource, SourceError
+from cdc_assets.io.kafka import KafkaSource, SourceError
 from cdc_assets.resources import kafka_client_settings
 from tests.support.harness import (
     Normaliser,

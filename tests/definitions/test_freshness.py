@@ -21,8 +21,8 @@ from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.broker import PRODUCER_SETTINGS
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.avro import SchemaRegistrySettings, record_decoder
-from cdc_assets.io.freshness import TopicProbe
-from cdc_assets.io.kafka_source import SourceError
+from cdc_assets.io.freshness import FreshnessProbe
+from cdc_assets.io.kafka import SourceError
 from tests.support.processes import free_port
 from tests.support.topics import new_topic_named, produce
 
@@ -130,7 +130,7 @@ def test_one_probe_looks_at_topic_after_topic(broker):
     def newest(ms):
         return datetime.fromtimestamp((base_ms + ms) / 1000, timezone.utc)
 
-    with TopicProbe({"bootstrap.servers": broker.bootstrap_servers, "group.id": "probe"}) as probe:
+    with FreshnessProbe({"bootstrap.servers": broker.bootstrap_servers, "group.id": "probe"}) as probe:
         whole = probe.table_freshness(a, None)
         assert (whole.events_waiting, whole.newest_source_time) == (7, newest(3000))
         assert whole.waiting_since is not None and whole.behind_s < 60
@@ -170,7 +170,7 @@ def test_the_newest_source_time_of_an_avro_topic_is_read_through_the_registry(br
     assert producer.flush(30) == 0
 
     settings = {"bootstrap.servers": broker.bootstrap_servers, "group.id": "probe"}
-    with TopicProbe(settings) as probe:
+    with FreshnessProbe(settings) as probe:
         assert probe.table_freshness(topic, None).newest_source_time is None
         read = probe.table_freshness(topic, None, record_decoder(SchemaRegistrySettings(schema_registry.confluent_url)))
         assert (read.events_waiting, read.newest_source_time) == (

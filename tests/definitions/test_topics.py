@@ -20,7 +20,7 @@ from dagster import (
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
-from cdc_assets.io.freshness import TopicProbe
+from cdc_assets.io.kafka import TopicProbe
 from cdc_assets.topics import build_topic_sources, topic_data_version, topic_observations
 from cdc_assets.translator import CdcTranslator
 from tests.support.merges import captured_table

@@ -13,7 +13,7 @@ from cdc_assets.config import parse_config
 from cdc_assets.core.fold import BatchSummary
 from cdc_assets.definitions import TABLES_PER_OP, build_definitions, op_groups
 from cdc_assets.io.delta import KeyReport
-from cdc_assets.io.kafka_source import RAW_SCHEMA, RawBatch
+from cdc_assets.io.kafka import RAW_SCHEMA, RawBatch
 from cdc_assets.pipeline import BatchReport
 
 POST_MERGE = {"primary_key", "capture_lag", "no_dead_letters", "schema_matches_source"}

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from cdc_assets.demo.broker import ApacheKafkaBroker, free_port
-from cdc_assets.io.kafka_source import LIBRDKAFKA_LOGGER, KafkaSource, SourceError, UnknownTopicError
+from cdc_assets.io.kafka import LIBRDKAFKA_LOGGER, KafkaSource, SourceError, UnknownTopicError
 from tests.support.topics import new_topic, produce
 
 

@@ -5,7 +5,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from cdc_assets.io.kafka_source import KafkaSource, SourceError, UnknownTopicError
+from cdc_assets.io.kafka import KafkaSource, SourceError, UnknownTopicError
 from tests.support.topics import new_topic, produce
 
 

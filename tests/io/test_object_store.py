@@ -132,7 +132,7 @@ def test_the_pipelines_own_tables_live_under_an_s3_root(broker, object_store, bu
     end = tx_event("END", "581", {"s.a": 2})
     produce(broker, tx_topic, [tx_event("BEGIN", "581"), end])
     log = TransactionLog(tx_topic, DeltaTarget(f"{root}/_cdc_assets/transactions/{tx_topic}", options), "postgresql")
-    from cdc_assets.io.kafka_source import KafkaSource
+    from cdc_assets.io.kafka import KafkaSource
 
     source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "cdc-tests"})
     try:
@@ -292,7 +292,7 @@ def test_two_delta_spark_runs_of_one_process_racing_on_s3_commit_a_batch_once(s3
     from cdc_assets import pipeline
     from cdc_assets.catalog import CapturedTable
     from cdc_assets.config import BatchLimits
-    from cdc_assets.io.kafka_source import KafkaSource
+    from cdc_assets.io.kafka import KafkaSource
     from tests.support.samples import events
 
     topic = new_topic(broker, "races3.s.t")

@@ -7,7 +7,7 @@ from dagster import AssetKey, DagsterInstance, RunRequest, build_schedule_contex
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
-from cdc_assets.io.freshness import TopicProbe
+from cdc_assets.io.kafka import TopicProbe
 from tests.support.topics import new_topic_named, produce
 
 CONFIG = """\

@@ -5,7 +5,7 @@ import random
 
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaRsWriter
-from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.pipeline import merge_micro_batches
 from tests.support.key_changes import TOAST_COLUMNS, current_values, pg_change, pk_change, produce_spread
 from tests.support.merges import captured_table

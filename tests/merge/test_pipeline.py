@@ -15,7 +15,7 @@ from cdc_assets import pipeline
 from cdc_assets.config import BatchLimits
 from cdc_assets.demo.events import db2_source, encode_key, envelope, postgres_source
 from cdc_assets.io.delta import DeltaRsWriter
-from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.pipeline import BadEventError, merge_micro_batches
 from tests.support.merges import captured_table, read_rows, run_batch
 from tests.support.topics import new_topic, produce

@@ -624,7 +624,7 @@ def test_a_key_change_written_between_two_watermark_reads_is_applied_whole(spark
     from confluent_kafka import Producer
 
     from cdc_assets.demo.broker import PRODUCER_SETTINGS
-    from cdc_assets.io.kafka_source import KafkaSource
+    from cdc_assets.io.kafka import KafkaSource
 
     writer = DeltaRsWriter()
     topic = new_topic(broker, "dbserver1.s.t", partitions=2)

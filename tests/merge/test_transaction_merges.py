@@ -161,7 +161,7 @@ def test_sensor_batches_transactions_into_one_run_and_never_twice(broker, tmp_pa
      "malformed data_collections entry"),
 ])
 def test_bad_transaction_events_name_their_offset(broker, tmp_path, value, message):
-    from cdc_assets.io.kafka_source import KafkaSource
+    from cdc_assets.io.kafka import KafkaSource
 
     topic = new_topic(broker, "badtx.transaction")
     produce(broker, topic, [tx_event("BEGIN", "578"), (b"{}", value)])
@@ -197,7 +197,7 @@ def test_two_concurrent_ingests_append_each_transaction_event_once(broker, tmp_p
     run in different pools): one appends them, the other adds nothing."""
     import threading
 
-    from cdc_assets.io.kafka_source import KafkaSource
+    from cdc_assets.io.kafka import KafkaSource
 
     topic = new_topic(broker, "conc.transaction")
     produce(broker, topic, [tx_event("BEGIN", "1"), tx_event("END", "1", {"s.a": 1})])
@@ -381,7 +381,7 @@ def test_a_transaction_topic_of_three_partitions_pairs_begin_and_end_by_transact
 def test_a_connector_without_commit_order_needs_a_transaction_topic_of_one_partition(broker, tmp_path):
     """SQL Server's transaction ids (commit LSNs of 80 bits) order nothing here: a log over a topic of several
     partitions is refused, naming the topic, its partitions and the remedy, instead of pairing ENDs out of order."""
-    from cdc_assets.io.kafka_source import KafkaSource
+    from cdc_assets.io.kafka import KafkaSource
 
     topic = new_topic(broker, "sqltx.transaction", partitions=2)
     body = {"status": "BEGIN", "id": "00000025:00000d98:0003", "ts_ms": 1, "event_count": None,

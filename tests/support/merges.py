@@ -11,7 +11,7 @@ from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
 from cdc_assets.demo.broker import ApacheKafkaBroker
 from cdc_assets.io.delta import DeltaTarget, DeltaWriter
-from cdc_assets.io.kafka_source import KafkaSource
+from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.pipeline import BatchReport, merge_micro_batch
 
 

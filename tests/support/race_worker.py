@@ -28,7 +28,7 @@ def main() -> int:
     from cdc_assets.catalog import CapturedTable
     from cdc_assets.config import BatchLimits
     from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriterError
-    from cdc_assets.io.kafka_source import KafkaSource
+    from cdc_assets.io.kafka import KafkaSource
     from cdc_assets.io.spark_server import connect, disconnect
 
     barrier = Path(args.barrier)
