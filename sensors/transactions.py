@@ -22,7 +22,7 @@ from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import ConnectorConfig
 from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event
 from cdc_assets.io.avro import record_decoder
-from cdc_assets.io.kafka_source import KafkaSource, SourceError
+from cdc_assets.io.kafka_source import KafkaSource, UnknownTopicError
 from cdc_assets.io.transactions import TransactionLogError, touched_tables
 from cdc_assets.translator import CdcTranslator, dagster_name
 
@@ -52,10 +52,8 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
         try:
             batch = source.read_batch(topic, offsets, MAX_EVENTS_PER_TICK, 64 * 1024 * 1024, 10,
                                       decode=record_decoder(schema_registry_settings(connector)))
-        except SourceError as exc:
-            if "does not exist" in str(exc):
-                return SensorResult(run_requests=[], cursor=context.cursor)
-            raise
+        except UnknownTopicError:
+            return SensorResult(run_requests=[], cursor=context.cursor)
         finally:
             source.close()
         next_offsets = dict(batch.end_offsets)
