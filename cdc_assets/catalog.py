@@ -16,9 +16,9 @@ from cdc_assets.config import (
     TableConfig,
 )
 from cdc_assets.core.apply_modes import ApplyMode, ApplyModeName, apply_mode
+from cdc_assets.core.schema_evolution import RegistryEntry
 from cdc_assets.io.avro import SchemaRegistrySettings
 from cdc_assets.io.delta import DeltaTarget
-from cdc_assets.io.registry import RegistryEntry
 from cdc_assets.io.transactions import TransactionLog
 
 

@@ -35,11 +35,12 @@ from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.core.layout import PLACEHOLDER_KINDS
+from cdc_assets.core.schema_evolution import RegistryEntry
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget, DeltaWriter, KeyReport, open_table
 from cdc_assets.io.freshness import FreshnessProbe, TableFreshness, freshness_verdict
 from cdc_assets.io.kafka import SourceError
-from cdc_assets.io.registry import RegistryEntry, read_registry
+from cdc_assets.io.registry import read_registry
 from cdc_assets.io.transactions import latest_watermark
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator

@@ -1,7 +1,7 @@
 """The schema-change sensor: reads each connector's schema-change topic (``<topic.prefix>``) and
 requests an ``apply_schema_change_job`` run for every CREATE, ALTER or DROP of a captured table (but a
 snapshot's DROP: ``SchemaChangeEvent.acted_on``). The runs may finish in any order: the job applies
-changes in source order (``jobs.schema_changes``).
+changes in source order (``core.schema_evolution``).
 
 Run keys are ``schema-change:<topic>:<partition>:<offset>:<n>``, so a re-evaluated tick never
 launches a change twice. The cursor (``{topic: {partition: next offset}}``) only moves past events
@@ -18,10 +18,12 @@ from dagster import JobDefinition, RunRequest, SensorDefinition, SensorEvaluatio
 from cdc_assets.catalog import CapturedTable, captures, schema_registry_settings
 from cdc_assets.config import PipelineConfig
 from cdc_assets.core.schema_change import SchemaChangeError, parse_schema_change
+from cdc_assets.core.schema_evolution import AnnouncedChange
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.kafka import KafkaSource, read_control_if_exists
 from cdc_assets.resources import kafka_client_settings
 from cdc_assets.translator import CdcTranslator
+from jobs.schema_changes import SchemaChangeConfig
 
 MAX_EVENTS_PER_TICK = 500
 
@@ -58,14 +60,10 @@ def make_schema_change_sensor(config: PipelineConfig, table_for: Callable[[str, 
                         if change not in event.acted_on or not captures(connector, change.name):
                             continue
                         table = table_for(connector.name, change.name)
-                        run_config = {"ops": {"apply_schema_change": {"config": {
-                            "connector": connector.name, "table": change.name, "change": change.type,
-                            "columns": change.columns.json(), "primary_keys": list(change.primary_keys),
-                            "renames": [list(pair) for pair in change.renames],
-                            "renamed_from": change.renamed_from,
-                            "asset_key": translator.get_asset_key(table).path, "delta_path": table.target.path,
-                            "apply_mode": table.apply_mode, "source_position": event.source_position,
-                            "topic": topic, "partition": partition, "offset": offset}}}}
+                        announced = AnnouncedChange(connector.name, change, event.source_position, topic,
+                                                    partition, offset, table.apply_mode)
+                        run_config = SchemaChangeConfig.of(announced, translator.get_asset_key(table),
+                                                           table.target.path).run_config()
                         requests.append(RunRequest(
                             run_key=f"schema-change:{topic}:{partition}:{offset}:{index}", run_config=run_config,
                             tags={"cdc_assets/schema_change": f"{change.type} {connector.name}/{change.name}"}))

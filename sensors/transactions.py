@@ -20,10 +20,10 @@ from dagster import RunRequest, SensorDefinition, SensorEvaluationContext, Senso
 from cdc_assets.catalog import CapturedTable, schema_registry_settings
 from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import ConnectorConfig
-from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event
+from cdc_assets.core.transactions import TransactionEventError, parse_transaction_event, touched_tables
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.kafka import KafkaSource, read_control_if_exists
-from cdc_assets.io.transactions import TransactionLogError, touched_tables
+from cdc_assets.io.transactions import TransactionLogError
 from cdc_assets.translator import CdcTranslator, dagster_name
 
 MAX_EVENTS_PER_TICK = 10_000
@@ -43,8 +43,7 @@ def make_transaction_sensor(connector: ConnectorConfig, tables: Sequence[Capture
     @sensor(name=f"{dagster_name(connector.name)}_transaction_sensor", job=merge_job,
             minimum_interval_seconds=minimum_interval_seconds,
             description=f"Merge runs for the tables touched by completed transactions of {connector.name}. Cursor: the "
-                        "next offset to read of each transaction-topic partition and the transactions begun but "
-                        "not yet ended there")
+                        "next offset to read of each transaction-topic partition")
     def transaction_sensor(context: SensorEvaluationContext) -> SensorResult:
         cursor = json.loads(context.cursor) if context.cursor else {"offsets": {}}
         offsets = {int(p): o for p, o in cursor["offsets"].items()}

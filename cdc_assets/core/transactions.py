@@ -13,7 +13,7 @@ of the first one in others: ``read_on`` says where a batch that reads that trans
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import Column
@@ -129,6 +129,11 @@ def collection_count(collections: Mapping[str, int], table: str) -> int | None:
         if name == table or name.endswith("." + table):
             return count
     return None
+
+
+def touched_tables(ends: Sequence[Mapping[str, int]], tables: Iterable[str]) -> set[str]:
+    """The tables (``schema.table``) any of these ENDs' data collections touched (``collection_count``)."""
+    return {table for table in tables for collections in ends if collection_count(collections, table) is not None}
 
 
 @dataclass(frozen=True)

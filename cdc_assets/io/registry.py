@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,6 +17,7 @@ import pyarrow as pa
 from deltalake import write_deltalake
 from pyspark.sql import types as T
 
+from cdc_assets.core.schema_evolution import RegistryEntry, change_order
 from cdc_assets.io.delta import NEW_TABLE_PROPERTIES, DeltaTarget, open_table
 from cdc_assets.io.storage import delta_rs_options
 
@@ -35,27 +35,6 @@ REGISTRY_SCHEMA = pa.schema([
     ("applied_at", pa.timestamp("us", tz="UTC")),
     ("run_id", pa.string()),
 ])
-
-
-@dataclass(frozen=True)
-class RegistryEntry:
-    """The latest announced state of one table, and the change that announced it."""
-
-    connector: str
-    table: str
-    status: str  # "active" or "retired"
-    primary_keys: tuple[str, ...]
-    columns: T.StructType
-    change: str = "CREATE"
-    source_position: str = ""
-    topic: str = ""
-    partition: int = 0
-    offset: int = 0
-
-    @property
-    def column_types(self) -> dict[str, str]:
-        """``column -> Spark SQL type`` (the config's ``columns`` form)."""
-        return {field.name: field.dataType.simpleString() for field in self.columns.fields}
 
 
 def change_row(*, connector: str, table: str, change: str, primary_keys: tuple[str, ...], columns: T.StructType,
@@ -80,13 +59,6 @@ def append_change(path: str, storage_options: Mapping[str, str], row: Mapping[st
     """Append one applied table change (a ``change_row``) to the registry."""
     write_deltalake(path, pa.Table.from_pylist([row], schema=REGISTRY_SCHEMA), mode="append",
                     configuration=NEW_TABLE_PROPERTIES, storage_options=delta_rs_options(storage_options))
-
-
-def change_order(row: Mapping[str, Any]) -> tuple:
-    """The order of a table's changes: by source position, the schema-change topic's coordinates breaking
-    ties (a snapshot's DDL shares one position; a change replayed after a connector restart repeats its
-    position at a later offset). Never by when a run applied it: runs finish in any order."""
-    return row["source_position"] or "", row["topic"] or "", row["partition"], row["offset"]
 
 
 def read_history(path: str, storage_options: Mapping[str, str], pending: Mapping[str, Any] | None = None

@@ -25,7 +25,7 @@ announced; an END at a later position with the same key is a later transaction r
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -320,7 +320,3 @@ def consistent_versions(watermarks: DeltaTarget, connector: str) -> tuple[str | 
     latest = latest_watermark(watermarks, connector)
     return None if latest is None else (latest["transaction_id"], json.loads(latest["versions"]))
 
-
-def touched_tables(ends: Sequence[Mapping[str, int]], tables: Iterable[str]) -> set[str]:
-    """The tables (``schema.table``) any of these ENDs touched."""
-    return {table for table in tables for collections in ends if collection_count(collections, table) is not None}

@@ -34,7 +34,7 @@ from cdc_assets.catalog import schema_registry_settings
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.io.avro import record_decoder
-from cdc_assets.io.kafka import KafkaSource, SourceError
+from cdc_assets.io.kafka import KafkaSource, UnknownTopicError
 from cdc_assets.resources import kafka_client_settings
 from tests.support.harness import (
     Normaliser,
@@ -115,10 +115,8 @@ class Shop:
         try:
             batch = source.read_batch(topic, None, 100_000, 64 * 1024 * 1024, 5,
                                       decode=record_decoder(schema_registry_settings(self.config.connectors[0])))
-        except SourceError as exc:
-            if "does not exist" in str(exc):
-                return set()
-            raise
+        except UnknownTopicError:
+            return set()
         finally:
             source.close()
         values = [json.loads(value)["payload"] for value in batch.records["value"].to_pylist() if value]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from cdc_assets.io.kafka.batch import Decode, RawBatch
-from cdc_assets.io.kafka.errors import SourceError
+from cdc_assets.io.kafka.errors import UnknownTopicError
 from cdc_assets.io.kafka.source import KafkaSource
 
 E = TypeVar("E")
@@ -76,7 +76,5 @@ def read_control_if_exists(source: KafkaSource, topic: str, offsets: Mapping[int
     kind yet)."""
     try:
         return read_control(source, topic, offsets, max_events, decode=decode)
-    except SourceError as exc:
-        if "does not exist" in str(exc):
-            return None
-        raise
+    except UnknownTopicError:
+        return None
