@@ -144,6 +144,7 @@ def check(delta: str, storage_options: Mapping[str, str], reference: dict[int, d
     from confluent_kafka import Consumer, TopicPartition
     from deltalake import DeltaTable
 
+    from cdc_assets.io.delta import recorded_commit
     from cdc_assets.io.storage import delta_rs_options
 
     problems = []
@@ -156,7 +157,7 @@ def check(delta: str, storage_options: Mapping[str, str], reference: dict[int, d
         problems.append(f"table differs from the reference ({len(rows)} rows, expected {len(reference)})")
     committed = []
     for entry in reversed(table.history()):
-        recorded = json.loads(entry.get("userMetadata") or "{}").get("cdc_assets")
+        recorded = recorded_commit(entry)
         if recorded:
             committed.append(recorded["version"])
     if committed != sorted(set(committed)):

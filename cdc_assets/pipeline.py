@@ -47,7 +47,7 @@ from cdc_assets.core.truncation import Truncation, after_truncation, latest_trun
 from cdc_assets.core.types import placeholder_needles
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.dead_letter import dead_letter_rows, write_dead_letters
-from cdc_assets.io.delta import CommitRequest, DeltaWriter, MergeOutcome, TableProgress
+from cdc_assets.io.delta import BatchWriter, CommitRequest, MergeOutcome, TableProgress
 from cdc_assets.io.kafka import Cut, KafkaSource, RawBatch
 from cdc_assets.io.spark import is_local, spark_records, without_schemas
 from cdc_assets.io.transactions import ingest_transactions, table_horizon
@@ -159,7 +159,7 @@ def _value_at(events: pa.Table, partition: int, offset: int) -> bytes | None:
     return values[0] if values else None
 
 
-def _fold(writer: DeltaWriter, table: CapturedTable, layout: ChangeEventLayout, decoded: DataFrame,
+def _fold(writer: BatchWriter, table: CapturedTable, layout: ChangeEventLayout, decoded: DataFrame,
           progress: TableProgress | None) -> tuple[pa.Table, BatchSummary]:
     """The rows to MERGE for ``table``'s apply mode, and the batch summary, from decoded events. A table
     that applies TRUNCATEs drops the events before the latest one (``core.truncation``), folding again
@@ -299,7 +299,7 @@ def _too_small(table: CapturedTable, raw: RawBatch, limits: BatchLimits, blocked
                              else ""))
 
 
-def merge_micro_batches(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
+def merge_micro_batches(spark: SparkSession, source: KafkaSource, writer: BatchWriter, table: CapturedTable,
                         limits: BatchLimits) -> Iterator[BatchReport]:
     """Apply ``table``'s new change events to Delta, one bounded micro-batch (one commit) after another,
     each read from the offsets the previous one committed: up to ``limits.max_batches_per_run``
@@ -341,13 +341,13 @@ def merge_micro_batches(spark: SparkSession, source: KafkaSource, writer: DeltaW
                     ahead[0].result()  # let it finish before the source and session are used or closed
 
 
-def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
+def merge_micro_batch(spark: SparkSession, source: KafkaSource, writer: BatchWriter, table: CapturedTable,
                       limits: BatchLimits) -> BatchReport:
     """One micro-batch of ``merge_micro_batches``: read from ``table``'s committed offsets and applied."""
     return next(merge_micro_batches(spark, source, writer, table, limits.model_copy(update={"max_batches_per_run": 1})))
 
 
-def _pipelined(table: CapturedTable, writer: DeltaWriter) -> bool:
+def _pipelined(table: CapturedTable, writer: BatchWriter) -> bool:
     """Whether ``table``'s next batch can be folded while the current one is merged: its apply mode must
     allow it (``folds_ahead``), its batches must not be cut to whole transactions (which reads the
     transaction topic with the same consumer), and the writer must not use the Spark session that
@@ -469,7 +469,7 @@ def _key_change_cut(table: CapturedTable, existing: StructType | None, key_colum
     return cut
 
 
-def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, table: CapturedTable,
+def _prepare(spark: SparkSession, source: KafkaSource, writer: BatchWriter, table: CapturedTable,
              limits: BatchLimits, progress: TableProgress | None, existing: StructType | None,
              until: Mapping[int, int] | None = None) -> _Prepared:
     """Read the batch that starts at ``progress`` and fold it, for a table whose Delta schema is
@@ -540,7 +540,7 @@ def _prepare(spark: SparkSession, source: KafkaSource, writer: DeltaWriter, tabl
                      samples, layout, existing, rows, summary, transactions)
 
 
-def _apply(writer: DeltaWriter, table: CapturedTable, prepared: _Prepared) -> BatchReport:
+def _apply(writer: BatchWriter, table: CapturedTable, prepared: _Prepared) -> BatchReport:
     """Commit a prepared batch: its rows and offsets, or its offsets alone; or halt on bad events
     (or put them in the dead-letter table, as the table is configured) before anything is committed."""
     raw, timings = prepared.raw, prepared.timings

@@ -8,7 +8,6 @@ that commit recorded. Delta's log retention bounds how far back that reaches.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ import pyarrow.dataset as pds
 from deltalake import DeltaTable
 
 from cdc_assets.core.layout import VALID_FROM_COLUMN
-from cdc_assets.io.delta import METADATA_KEY, DeltaTarget
+from cdc_assets.io.delta import DeltaTarget, recorded_commit
 from cdc_assets.io.storage import delta_rs_options
 
 if TYPE_CHECKING:  # not imported at run time: the API module brings pyspark along
@@ -56,11 +55,8 @@ def _rows(table: DeltaTable, key: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _commit_offsets(entry: Mapping[str, Any]) -> dict[str, int] | None:
-    try:
-        recorded = json.loads(str(entry.get("userMetadata") or "{}")).get(METADATA_KEY)
-    except ValueError:
-        return None
-    return dict(recorded["offsets"]) if isinstance(recorded, dict) and "offsets" in recorded else None
+    recorded = recorded_commit(entry)
+    return dict(recorded["offsets"]) if recorded is not None and "offsets" in recorded else None
 
 
 def _target(table: TableRef, storage_options: Mapping[str, str] | None) -> DeltaTarget:

@@ -45,15 +45,15 @@ from cdc_assets.core.transactions import (
 )
 from cdc_assets.io.avro import SchemaRegistrySettings, record_decoder
 from cdc_assets.io.delta import (
-    METADATA_KEY,
     NEW_TABLE_PROPERTIES,
     CommitRequest,
     DeltaRsWriter,
     DeltaTarget,
     DeltaWriterError,
-    _concurrent_commit_guard,
     commit_properties,
+    concurrent_commit_guard,
     open_table,
+    recorded_commit,
 )
 from cdc_assets.io.kafka import KafkaSource, read_control
 from cdc_assets.io.storage import delta_rs_options
@@ -233,7 +233,7 @@ def _ingest_once(source: KafkaSource, log: TransactionLog, max_records: int) -> 
     added = pa.Table.from_pylist(rows, schema=LOG_SCHEMA)
     if "position" not in [f.name for f in table.schema().fields]:  # a log ordered by offset keeps its columns
         added = added.drop_columns(["position"])
-    with _concurrent_commit_guard(log.target, commit):
+    with concurrent_commit_guard(log.target, commit):
         write_deltalake(table, added, mode="append", commit_properties=commit_properties(commit))
     return len(rows), raw.caught_up
 
@@ -256,10 +256,7 @@ def _intervals(table: DeltaTable) -> list[tuple[int, int, int]]:
     """(tx_applied_end, tx_horizon, delta version) of each transaction-consistent commit, newest first."""
     intervals = []
     for entry in table.history(200):
-        try:
-            recorded = json.loads(entry.get("userMetadata") or "{}").get(METADATA_KEY) or {}
-        except ValueError:
-            continue
+        recorded = recorded_commit(entry) or {}
         extra = recorded.get("transactions")
         if extra:
             intervals.append((int(extra["applied_end"]), int(extra["horizon"]), int(entry["version"])))

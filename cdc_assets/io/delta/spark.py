@@ -1,0 +1,274 @@
+"""The delta-spark writer: Spark SQL ``MERGE INTO delta.`path``` in the session that folded the batch, for
+sessions that have Delta (clusters, Databricks). The app transaction and the offsets go into the commit through
+session settings, so delta-spark skips a repeated app transaction natively."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+from cdc_assets.core.apply_modes import ApplyMode, Clause
+from cdc_assets.core.arrow import to_arrow
+from cdc_assets.core.layout import CURRENT_COLUMN
+from cdc_assets.core.truncation import Truncation
+from cdc_assets.io.delta.base import HISTORY_WINDOW, WriterBase, latest_progress, table_schema_of
+from cdc_assets.io.delta.errors import DeltaWriterError, TableMissingError, concurrent_commit_guard, is_missing_table
+from cdc_assets.io.delta.metadata import CommitRequest, TableProgress
+from cdc_assets.io.delta.outcomes import CompactionOutcome, KeyReport, MergeOutcome
+from cdc_assets.io.delta.sql import quote_spark, renamed_rows
+from cdc_assets.io.delta.table import DeltaTarget
+from cdc_assets.io.spark import has_delta
+from cdc_assets.io.storage import spark_path
+
+
+class DeltaSparkWriter(WriterBase):
+    """Merges with delta-spark: ``MERGE INTO delta.`path``` in the session that folded the batch."""
+
+    name = "delta-spark"
+
+    def __init__(self, spark: SparkSession, deletion_vectors: bool = False):
+        if not has_delta(spark):
+            raise DeltaWriterError(
+                "the delta-spark writer needs a Spark session with Delta (set CDC_DELTA_SPARK_JARS to the Delta "
+                "jars, or run on a cluster that has Delta); use writer 'delta-rs' or 'auto' otherwise")
+        self._spark = spark
+        self._deletion_vectors = deletion_vectors
+
+    def _table_ref(self, target: DeltaTarget) -> str:
+        return f"delta.{quote_spark(spark_path(target.path))}"
+
+    def _history(self, target: DeltaTarget, limit: int | None) -> list[dict[str, object]] | None:
+        suffix = f" LIMIT {limit}" if limit else ""
+        try:
+            rows = self._spark.sql(f"DESCRIBE HISTORY {self._table_ref(target)}{suffix}").collect()
+        except Exception as exc:
+            if is_missing_table(exc):
+                return None
+            raise
+        return [row.asDict() for row in rows]
+
+    def table_schema(self, target: DeltaTarget) -> T.StructType | None:
+        if not self._exists(target):
+            return None
+        return self._spark.read.format("delta").load(spark_path(target.path)).schema
+
+    def read_progress(self, target: DeltaTarget, app_id: str) -> TableProgress | None:
+        history = self._history(target, HISTORY_WINDOW)
+        if history is None:
+            return None
+        return latest_progress(history, app_id, lambda: self._history(target, None) or [])
+
+    def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
+              commit: CommitRequest, mode: ApplyMode, truncation: Truncation | None = None) -> MergeOutcome:
+        # Spark infers no schema from an empty table (a first batch whose every event was dead-lettered).
+        batch = self._spark.createDataFrame(rows) if rows.num_rows else self._spark.createDataFrame(
+            [], from_arrow_schema(rows.schema))
+        if not self._exists(target):
+            self._create(target, table_schema_of(rows), {})
+        elif _needs_column_mapping(rows.column_names):
+            self._map_columns_by_name(target)
+        applied = self._if_applied(target, commit)
+        if applied is not None:
+            return applied
+        if not mode.evolves_schema:
+            self.ensure_columns(target, table_schema_of(rows), {})
+        before = self._version(target)
+        view = f"cdc_batch_{abs(hash((target.path, commit.version)))}"
+        batch.createOrReplaceTempView(view)
+        plan = mode.merge_plan(key_columns, rows.column_names, quote_spark, truncation)
+        clauses = [self._render("WHEN MATCHED", clause) for clause in plan.matched]
+        clauses += [self._render("WHEN NOT MATCHED", clause) for clause in plan.not_matched]
+        clauses += [self._render("WHEN NOT MATCHED BY SOURCE", clause) for clause in plan.not_matched_by_source]
+        try:
+            with concurrent_commit_guard(target, commit), self._committing(commit, mode.evolves_schema):
+                result = self._spark.sql(
+                    f"MERGE INTO {self._table_ref(target)} t USING {view} s ON {plan.condition} {' '.join(clauses)}"
+                ).first()
+        finally:
+            self._spark.catalog.dropTempView(view)
+        if result is None:
+            # Delta skips (no result row) a MERGE whose txn version the table holds: another run committed it.
+            return self._applied_before(target)
+        return self._merged(target, commit, before, result.asDict(),
+                            ("num_inserted_rows", "num_updated_rows", "num_deleted_rows"))
+
+    def current_rows(self, target: DeltaTarget, keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
+        if not self._exists(target):
+            return None
+        wanted = self._spark.createDataFrame(keys)
+        stored = self._spark.read.format("delta").load(spark_path(target.path)).join(wanted, keys.column_names,
+                                                                                     "left_semi")
+        return to_arrow(stored.select(*[quote_spark(name) for name in columns]))
+
+    def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
+        table = self._table_ref(target)
+        if not self._exists(target):
+            self._create(target, schema, properties)
+            return list(schema.names)
+        wanted = from_arrow_schema(schema)
+        present = set(self._spark.read.format("delta").load(spark_path(target.path)).columns)
+        missing = [field for field in wanted.fields if field.name not in present]
+        if _needs_column_mapping(field.name for field in missing):
+            self._map_columns_by_name(target)
+        if missing:
+            columns = ", ".join(f"{quote_spark(f.name)} {f.dataType.simpleString()}" for f in missing)
+            self._ddl(f"ALTER TABLE {table} ADD COLUMNS ({columns})")
+        if properties:
+            self._ddl(f"ALTER TABLE {table} SET TBLPROPERTIES ({_properties_sql(properties)})")
+        return [field.name for field in missing]
+
+    def copy_renamed(self, target: DeltaTarget, renames: Sequence[tuple[str, str]], before_position: str,
+                     changed_at: str) -> int:
+        if not renames or not self._exists(target):
+            return 0
+        assignments = ", ".join(f"{quote_spark(new)} = {quote_spark(old)}" for old, new in renames)
+        rows = self._spark.sql(f"UPDATE {self._table_ref(target)} SET {assignments} WHERE "
+                               f"{renamed_rows(before_position, changed_at, quote_spark)}").collect()
+        return int(rows[0][0]) if rows else 0
+
+    def copy_table(self, source: DeltaTarget, target: DeltaTarget) -> int:
+        if not self._exists(source):
+            raise TableMissingError(source.path, "to copy")
+        rows = self._spark.read.format("delta").load(spark_path(source.path))
+        self._create(target, to_arrow_schema(rows.schema, timezone="UTC"), {})
+        self._spark.sql(f"INSERT INTO {self._table_ref(target)} SELECT * FROM {self._table_ref(source)}").collect()
+        return int(self._spark.read.format("delta").load(spark_path(target.path)).count())
+
+    def _create(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> None:
+        """Create the table with ``schema`` and ``properties`` unless it exists. In SQL: the Python
+        ``DeltaTable`` builder needs Delta's Spark Connect plugin on a Connect server."""
+        self._ddl(f"CREATE TABLE IF NOT EXISTS {self._definition(target, schema, properties)}")
+
+    def _definition(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> str:
+        """``delta.`path` (columns) USING delta TBLPROPERTIES (...)`` of a table with ``schema`` and ``properties``
+        (and the properties its columns and this writer's settings need)."""
+        columns = ", ".join(f"{quote_spark(f.name)} {f.dataType.simpleString()}{'' if f.nullable else ' NOT NULL'}"
+                            for f in from_arrow_schema(schema).fields)
+        if _needs_column_mapping(schema.names):
+            properties = {_COLUMN_MAPPING: "name", **properties}
+        if self._deletion_vectors:
+            # A MERGE then marks the changed rows of a file deleted instead of rewriting the file.
+            properties = {DELETION_VECTORS: "true", **properties}
+        settings = f" TBLPROPERTIES ({_properties_sql(properties)})" if properties else ""
+        return f"{self._table_ref(target)} ({columns}) USING delta{settings}"
+
+    def empty_table(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> None:
+        if not self._exists(target):
+            raise TableMissingError(target.path, "to empty")
+        self._ddl(f"REPLACE TABLE {self._definition(target, schema, properties)}")
+
+    def key_report(self, target: DeltaTarget, key_columns: Sequence[str]) -> KeyReport | None:
+        from pyspark.sql import functions as F
+
+        if not self._exists(target):
+            return None
+        rows = self._spark.read.format("delta").load(spark_path(target.path))
+        if CURRENT_COLUMN in rows.columns:
+            rows = rows.where(F.col(CURRENT_COLUMN))
+        keys = [F.col(quote_spark(name)) for name in key_columns]
+        nulls = F.lit(False)
+        for key in keys:
+            nulls = nulls | key.isNull()
+        counts = rows.agg(F.count(F.lit(1)), F.count_if(nulls)).first()
+        total, null_keys = (counts[0], counts[1]) if counts is not None else (0, 0)
+        duplicates = rows.groupBy(*keys).count().where("count > 1").count()
+        return KeyReport(int(total), int(duplicates), int(null_keys))
+
+    def compact(self, target: DeltaTarget, min_files: int) -> CompactionOutcome | None:
+        if not self._exists(target):
+            return None
+        detail = self._spark.sql(f"DESCRIBE DETAIL {self._table_ref(target)}").first()
+        files = int(detail["numFiles"]) if detail is not None else 0
+        if files < min_files:
+            return CompactionOutcome(files, delta_version=self._version(target))
+        result = self._ddl(f"OPTIMIZE {self._table_ref(target)}").first()
+        metrics = result["metrics"].asDict() if result is not None and result["metrics"] is not None else {}
+        return CompactionOutcome(files, int(metrics.get("numFilesRemoved") or 0),
+                                 int(metrics.get("numFilesAdded") or 0), self._version(target), compacted=True)
+
+    def _map_columns_by_name(self, target: DeltaTarget) -> None:
+        """Let the table take column names that delta-spark refuses without column mapping."""
+        detail = self._spark.sql(f"DESCRIBE DETAIL {self._table_ref(target)}").first()
+        properties = (detail["properties"] if detail is not None else None) or {}
+        if properties.get(_COLUMN_MAPPING, "none") == "none":
+            self._ddl(f"ALTER TABLE {self._table_ref(target)} SET TBLPROPERTIES ('{_COLUMN_MAPPING}' = 'name')")
+
+    @staticmethod
+    def _render(when: str, clause: Clause) -> str:
+        condition = f" AND {clause.predicate}" if clause.predicate else ""
+        if clause.action == "delete":
+            return f"{when}{condition} THEN DELETE"
+        if clause.action == "update":
+            sets = "*" if clause.assignments is None else ", ".join(
+                f"t.{column} = {value}" for column, value in clause.assignments.items())
+            return f"{when}{condition} THEN UPDATE SET {sets}"
+        if clause.assignments is None:
+            return f"{when}{condition} THEN INSERT *"
+        return (f"{when}{condition} THEN INSERT ({', '.join(clause.assignments)}) "
+                f"VALUES ({', '.join(clause.assignments.values())})")
+
+    def _ddl(self, statement: str) -> DataFrame:
+        """Run a statement that commits to a table but carries no batch (create, add columns, set
+        properties, optimize): never while another table's batch settings are on the session."""
+        with _SESSION_SETTINGS:
+            return self._spark.sql(statement)
+
+    @contextmanager
+    def _committing(self, commit: CommitRequest, schema_evolution: bool = True) -> Iterator[None]:
+        """Session settings that put the txn and offsets into the next Delta commit, reset after."""
+        settings = {
+            "spark.databricks.delta.write.txnAppId": commit.app_id,
+            "spark.databricks.delta.write.txnVersion": str(commit.version),
+            "spark.databricks.delta.commitInfo.userMetadata": commit.user_metadata(),
+            "spark.databricks.delta.schema.autoMerge.enabled": str(schema_evolution).lower(),
+        }
+        # Tables merged side by side share the session, whose settings would then name another table's commit.
+        with _SESSION_SETTINGS:
+            for key, value in settings.items():
+                self._spark.conf.set(key, value)
+            try:
+                yield
+            finally:
+                for key in settings:
+                    self._spark.conf.unset(key)
+
+    def _exists(self, target: DeltaTarget) -> bool:
+        return self._history(target, 1) is not None
+
+    def _version(self, target: DeltaTarget) -> int:
+        history = self._history(target, 1)
+        return int(str(history[0]["version"])) if history else -1
+
+    def _recorded_txn_version(self, target: DeltaTarget, app_id: str) -> int | None:
+        # The txn version the latest batch commit recorded in its metadata (``read_progress``).
+        progress = self.read_progress(target, app_id)
+        return progress.txn_version if progress is not None else None
+
+    def _commit_without_data(self, target: DeltaTarget, commit: CommitRequest) -> None:
+        table = self._table_ref(target)
+        with self._committing(commit):
+            self._spark.sql(f"INSERT INTO {table} SELECT * FROM {table} WHERE false")
+
+
+# One delta-spark commit at a time in a process: a batch's commit sets the session's txn settings.
+_SESSION_SETTINGS = threading.Lock()
+
+# delta-spark refuses these characters in column names unless the table maps columns by name (delta-rs takes them).
+_UNMAPPED_NAME_REFUSES = frozenset(" ,;{}()\n\t=")
+_COLUMN_MAPPING = "delta.columnMapping.mode"
+DELETION_VECTORS = "delta.enableDeletionVectors"
+
+
+def _needs_column_mapping(names: Iterable[str]) -> bool:
+    return any(_UNMAPPED_NAME_REFUSES.intersection(name) for name in names)
+
+
+def _properties_sql(properties: Mapping[str, str]) -> str:
+    """Table properties as a Spark SQL ``TBLPROPERTIES`` list."""
+    return ", ".join(f"'{k}' = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in properties.items())
