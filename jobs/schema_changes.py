@@ -124,13 +124,13 @@ def build_apply_schema_change_job(table_for: Callable[[str, str], CapturedTable]
         pool="cdc_schema_changes")
     def apply_schema_change(context: OpExecutionContext, config: SchemaChangeConfig, spark: SparkResource,
                             kafka: KafkaResource, delta: DeltaResource) -> None:
-        target = DeltaTarget(config.delta_path, dict(delta.storage_options))
+        target = DeltaTarget(config.delta_path, dict(delta.as_config().storage_options))
         change = change_row(connector=config.connector, table=config.table, change=config.change,
                             primary_keys=tuple(config.primary_keys),
                             columns=T.StructType.fromJson(json.loads(config.columns)),
                             source_position=config.source_position, topic=config.topic, partition=config.partition,
                             offset=config.offset, run_id=context.run_id)
-        history = read_history(delta.registry_path, delta.storage_options, pending=change)[
+        history = read_history(delta.registry_path, delta.as_config().storage_options, pending=change)[
             (config.connector, config.table)]
         latest = history[-1]
         metadata: dict[str, Any] = {
@@ -156,7 +156,7 @@ def build_apply_schema_change_job(table_for: Callable[[str, str], CapturedTable]
                 metadata.update(_take_over(context, config, table_for, target, spark, kafka, delta, limits))
             metadata.update(_evolve(config, history, target, spark, delta))
         # Only now: a run that failed above leaves the registry (and the asset it loads) as it was.
-        append_change(delta.registry_path, delta.storage_options, change)
+        append_change(delta.registry_path, delta.as_config().storage_options, change)
         context.log_event(AssetMaterialization(
             asset_key=AssetKey(config.asset_key),
             description=f"schema change {config.change} at {config.source_position or 'unknown position'}",
