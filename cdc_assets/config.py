@@ -3,7 +3,7 @@
 The file is named by the environment variable ``CDC_ASSETS_CONFIG`` (default: the bundled demo
 config). String values may use ``${VAR}`` or ``${VAR:-default}`` to take non-secret settings from
 the environment; secrets are never written inline but named by ``*_env`` fields, which the Dagster
-resources read through ``EnvVar`` so they never reach logs or run config.
+resources read from the environment when they make a client, so they never reach logs or run config.
 
 Every validation error names the file, the line and the field that is wrong.
 """
