@@ -1,5 +1,5 @@
 """How long the code location takes to load with many tables, as `dagster definitions validate` and the
-code server load it: a fresh Python process imports ``cdc_assets.definitions`` on a config of N tables
+code server load it: a fresh Python process loads ``cdc_assets.definitions.defs`` on a config of N tables
 whose Delta tables exist (so a per-table storage read would show), builds the repository with its
 jobs (what a run worker builds too) and the repository snapshot the code server serves the UI.
 
@@ -28,7 +28,8 @@ from deltalake import write_deltalake
 LOAD = textwrap.dedent("""
     import json, time
     started, cpu_started = time.perf_counter(), time.process_time()
-    from cdc_assets.definitions import defs
+    from cdc_assets.definitions import defs as load_defs
+    defs = load_defs()
     imported = time.perf_counter()
     from dagster._core.remote_representation.external_data import RepositorySnap
     repository = defs.get_repository_def()

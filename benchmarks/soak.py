@@ -246,8 +246,9 @@ def child_run(selection: str, instance_kind: str) -> None:
     """One run in this (fresh) process: load the code location, run ``cdc_merge_job`` for a run request's
     ``selection`` (``request``), storing its events in the instance of ``DAGSTER_HOME`` (``disk``) or in one
     of its own in memory."""
-    from cdc_assets.definitions import defs
+    from cdc_assets.definitions import defs as load_defs
 
+    defs = load_defs()
     instance = DagsterInstance.get() if instance_kind == "disk" else DagsterInstance.ephemeral()
     job = requested_job(defs.resolve_job_def("cdc_merge_job"), json.loads(selection))
     result = job.execute_in_process(instance=instance, raise_on_error=False)

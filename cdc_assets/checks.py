@@ -211,7 +211,7 @@ class RunReads:
     @functools.cached_property
     def registry(self) -> dict[tuple[str, str], RegistryEntry]:
         """The latest registry entry per (connector, table), as the run's first check found it."""
-        return read_registry(self._delta.registry_path, self._delta.storage_options)
+        return read_registry(self._delta.registry_path, self._delta.as_config().storage_options)
 
 
 def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str], instance: DagsterInstance,

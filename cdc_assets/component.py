@@ -38,18 +38,19 @@ from dagster import (
     FreshnessPolicy,
     Model,
     Resolvable,
+    Resolver,
     StateBackedComponent,
 )
 from dagster.components import DefsStateConfig, DefsStateConfigArgs, ResolvedDefsStateConfig
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
-from pydantic import BaseModel, PrivateAttr
+from pydantic import BaseModel, PlainSerializer, PrivateAttr, SkipValidation
+from pydantic.fields import FieldInfo
 from typing_extensions import Self
 
 from cdc_assets.catalog import CapturedTable
-from cdc_assets.config import PipelineConfig, validate_config
+from cdc_assets.config import PipelineConfig, validate_config, with_fields_of
 from cdc_assets.translator import CdcTranslator
 
-_PIPELINE_FIELDS = tuple(PipelineConfig.model_fields)
 _COMPONENT_TYPES = ("cdc_assets.CdcComponent", "cdc_assets.component.CdcComponent")
 
 
@@ -96,6 +97,19 @@ class TranslatedCdcTranslator(CdcTranslator):
         return self._spec(table).automation_condition
 
 
+def _as_written(field: FieldInfo) -> Any:
+    """A pipeline config ``field`` as an attribute taken as written (templates rendered): ``pipeline_config``
+    validates them all at once, its errors naming the defs.yaml's lines; its YAML schema, for ``dg`` and
+    editors, is the field's, with its description."""
+    # Dagster dumps the attributes before resolving them: serialized as the raw data they are, not as the model.
+    # A type made at run time, of each field's (mypy reads Annotated's first argument as a static type).
+    schema = Annotated[field.annotation, PlainSerializer(lambda value: value, return_type=Any),  # type: ignore[name-defined]
+                       SkipValidation]
+    return Annotated[Any, Resolver(lambda context, value: context.resolve_value(value), model_field_type=schema,
+                                   description=field.description)]
+
+
+@with_fields_of(PipelineConfig, _as_written)
 class CdcComponent(StateBackedComponent, Resolvable, Model):
     """Debezium topics kept in step with Delta tables: the assets, checks, jobs, schedules, sensors and
     resources that ``build_definitions`` makes of a pipeline config, from a ``defs.yaml``'s attributes.
@@ -103,18 +117,11 @@ class CdcComponent(StateBackedComponent, Resolvable, Model):
     State-backed: the broker's topics, which the connectors' ``include`` patterns are matched against, are
     its state (``defs_state``; by default listed once when the code server starts and handed to each run
     from there, so a run worker's load asks the broker nothing). Without include patterns the state is
-    empty and no broker is asked."""
+    empty and no broker is asked.
 
-    kafka: dict[str, Any]
-    delta: dict[str, Any]
-    connectors: list[dict[str, Any]]
-    spark: dict[str, Any] | None = None
-    batch: dict[str, Any] | None = None
-    merge_schedule: dict[str, Any] | None = None
-    freshness_schedule: dict[str, Any] | None = None
-    compaction: dict[str, Any] | None = None
-    max_capture_lag_s: float | None = None
-    checks_after_merge: str | None = None
+    Its attributes besides ``translation`` and ``defs_state`` are ``PipelineConfig``'s fields, declared there
+    only (``with_fields_of``)."""
+
     translation: Annotated[TranslationFn[CapturedTable],
                            TranslationFnResolver[CapturedTable](lambda table: {"table": table})] | None = None
     defs_state: ResolvedDefsStateConfig = DefsStateConfigArgs.legacy_code_server_snapshots()
@@ -131,7 +138,7 @@ class CdcComponent(StateBackedComponent, Resolvable, Model):
     @property
     def defs_state_config(self) -> DefsStateConfig:
         """Where the topics are kept: ``defs_state``, under a key naming the connectors."""
-        names = ",".join(str(connector.get("name")) for connector in self.connectors)
+        names = ",".join(str(connector.get("name")) for connector in vars(self)["connectors"])
         return DefsStateConfig.from_args(self.defs_state, default_key=f"CdcComponent[{names}]")
 
     def write_state_to_path(self, state_path: Path) -> None:
@@ -145,7 +152,8 @@ class CdcComponent(StateBackedComponent, Resolvable, Model):
     def pipeline_config(self) -> PipelineConfig:
         """The attributes as a validated pipeline config; errors name the ``defs.yaml``'s lines when the
         component was loaded from one."""
-        data = {name: value for name in _PIPELINE_FIELDS if (value := getattr(self, name)) is not None}
+        data = {name: value for name in PipelineConfig.model_fields
+                if name in self.model_fields_set and (value := getattr(self, name)) is not None}
         return validate_config(data, str(self._source or "<component>"), *_attributes_node(self._source))
 
     def build_defs_from_state(self, context: ComponentLoadContext, state_path: Path | None) -> Definitions:

@@ -3,7 +3,7 @@
 The file is named by the environment variable ``CDC_ASSETS_CONFIG`` (default: the bundled demo
 config). String values may use ``${VAR}`` or ``${VAR:-default}`` to take non-secret settings from
 the environment; secrets are never written inline but named by ``*_env`` fields, which the Dagster
-resources read through ``EnvVar`` so they never reach logs or run config.
+resources read from the environment when they make a client, so they never reach logs or run config.
 
 Every validation error names the file, the line and the field that is wrong.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -23,9 +23,11 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
 from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
 from cdc_assets.io.signals import DEFAULT_DEBEZIUM_VERSION
@@ -44,6 +46,9 @@ _SECRET_SETTING = re.compile(r"(password|secret|\.pem$|sasl\.jaas|token)", re.IG
 _ENV_REFERENCE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}")
 _IDENTIFIER_PART = r"[^.\s]+"
 _TABLE_NAME = re.compile(rf"^{_IDENTIFIER_PART}(\.{_IDENTIFIER_PART})?$")
+
+_Section = TypeVar("_Section", bound=BaseModel)
+_Declaring = TypeVar("_Declaring", bound=BaseModel)
 
 
 class ConfigError(ValueError):
@@ -365,6 +370,33 @@ class PipelineConfig(_Model):
         if len(set(prefixes)) != len(prefixes):
             raise ValueError(f"topic.prefix values must be unique, got {prefixes}")
         return self
+
+
+def with_fields_of(model: type[BaseModel], annotate: Callable[[FieldInfo], Any] = lambda field: field.annotation
+                   ) -> Callable[[type[_Declaring]], type[_Declaring]]:
+    """A class decorator: the decorated pydantic class (a Dagster resource, its config, the dg component) with
+    ``model``'s fields added as its own, by name, type (``annotate`` of the field), default and description,
+    so that a setting is declared once, in its config model here, and shown with its description wherever it
+    is set. The validators stay the model's: ``as_section`` rebuilds it from a declaring object."""
+
+    def declare(cls: type[_Declaring]) -> type[_Declaring]:
+        fields: dict[str, Any] = {}
+        for name, field in model.model_fields.items():
+            default: dict[str, Any] = ({"default_factory": field.default_factory} if field.default_factory
+                                       else {} if field.is_required() else {"default": field.default})
+            fields[name] = (annotate(field), Field(description=field.description, **default))
+        declared = create_model(cls.__name__, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__,
+                                **fields)
+        declared.__qualname__ = cls.__qualname__
+        return declared
+
+    return declare
+
+
+def as_section(declaring: BaseModel, model: type[_Section]) -> _Section:
+    """The config ``model`` whose fields ``declaring`` took by ``with_fields_of``, as it holds them (validated
+    once, when the pipeline config was loaded, not again on each use)."""
+    return model.model_construct(**{name: getattr(declaring, name) for name in model.model_fields})
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> PipelineConfig:

@@ -1,11 +1,11 @@
 """The code location: one Definitions assembling CDC assets, jobs, schedules, sensors and resources
-from the pipeline config."""
+from the pipeline config, built when Dagster's loaders call ``defs`` (not when this module is imported)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dagster import Definitions, in_process_executor
+from dagster import Definitions, definitions, in_process_executor
 
 from cdc_assets.assets import build_connector_assets, merge_op_name
 from cdc_assets.catalog import CapturedTable, resolve_tables, table_finder
@@ -137,4 +137,9 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     )
 
 
-defs = build_definitions(load_config())
+@definitions
+def defs() -> Definitions:
+    """The code location of ``CDC_ASSETS_CONFIG``'s pipeline (default: the demo's): what ``dagster`` and
+    ``workspace.yaml`` load of this module, built on their call, so an import (the component's, a test's)
+    reads no config and asks no broker."""
+    return build_definitions(load_config())

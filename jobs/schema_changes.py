@@ -93,8 +93,9 @@ def build_apply_schema_change_job(table_for: Callable[[str, str], CapturedTable]
                                  limits, needed_by, context.log)
 
         run = SchemaChangeRun(table_for, delta.writer_for_schema_changes(spark), merge, context.log)
-        metadata = run.apply(config.announced(), DeltaTarget(config.delta_path, dict(delta.storage_options)),
-                             delta.registry_path, delta.storage_options, context.run_id)
+        storage_options = delta.as_config().storage_options
+        metadata = run.apply(config.announced(), DeltaTarget(config.delta_path, dict(storage_options)),
+                             delta.registry_path, storage_options, context.run_id)
         if "earlier_incarnation_path" in metadata:
             metadata["earlier_incarnation_path"] = MetadataValue.path(metadata["earlier_incarnation_path"])
         context.log_event(AssetMaterialization(

@@ -159,7 +159,7 @@ def test_dg_dev_serves_the_components_assets(project, tmp_path):
 
 
 def test_the_component_takes_every_field_of_the_pipeline_config():
-    """Its attributes are written out beside PipelineConfig's fields: a field added to one is added to both."""
+    """Its attributes are PipelineConfig's fields, declared once there: a field added to one is added to both."""
     from cdc_assets.config import PipelineConfig
 
     assert set(CdcComponent.model_fields) - {"translation", "defs_state"} == set(PipelineConfig.model_fields)

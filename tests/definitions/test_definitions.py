@@ -58,8 +58,8 @@ def test_merge_job_applies_the_sample_and_reports_metadata(spark, broker, tmp_pa
 def test_a_broken_config_is_a_readable_error_at_load(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(CONFIG.format(bootstrap="x:1", root=tmp_path).replace("kind: sqlserver", "kind: sybase"))
-    load = subprocess.run([sys.executable, "-c", "import cdc_assets.definitions"], capture_output=True, text=True,
-                          env={"CDC_ASSETS_CONFIG": str(bad), "PATH": ""})
+    load = subprocess.run([sys.executable, "-c", "from cdc_assets.definitions import defs; defs()"],
+                          capture_output=True, text=True, env={"CDC_ASSETS_CONFIG": str(bad), "PATH": ""})
     assert load.returncode != 0
     assert f"{bad}:line 14: connectors.1.kind" in load.stderr
 

@@ -25,7 +25,7 @@ def test_run_reads_count_dead_letters_per_topic_and_see_later_commits(tmp_path):
     # A run's checks share one read; a table merged after the first check may add dead letters, and its
     # own check must count them.
     target = DeltaTarget(str(tmp_path / "dead_letter"))
-    reads = RunReads(DeltaResource(writer="delta-rs"))
+    reads = RunReads(DeltaResource(root=str(tmp_path), writer="delta-rs"))
     assert reads.dead_letters(target) == {}
     write_dead_letters(target, _rows(("p.s.a", 0)))
     assert reads.dead_letters(target) == {"p.s.a": 1}
