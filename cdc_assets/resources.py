@@ -76,6 +76,10 @@ class SparkResource(ConfigurableResource):
         self._session = None
 
 
+class MissingSecretError(RuntimeError):
+    """A secret the config names by environment variable is not set where a run needs it."""
+
+
 @with_fields_of(KafkaConfig)
 class KafkaResource(ConfigurableResource):
     """The Kafka connection: the pipeline config's ``kafka`` section. Secrets are named by environment
@@ -87,21 +91,27 @@ class KafkaResource(ConfigurableResource):
 
     def client_settings(self) -> dict[str, Any]:
         """librdkafka settings (secrets included: keep them out of logs)."""
-        return kafka_client_settings(self.as_config())
+        return kafka_client_settings(self.as_config(), require_secrets=True)
 
     def new_source(self) -> KafkaSource:
         """A Kafka source of the caller's own, to close when done: tables merged side by side each read
         with their own (a source reads one topic at a time)."""
         kafka = self.as_config()
-        return KafkaSource(kafka_client_settings(kafka), kafka.retries, kafka.retry_backoff_s)
+        return KafkaSource(kafka_client_settings(kafka, require_secrets=True), kafka.retries, kafka.retry_backoff_s)
 
 
-def kafka_client_settings(kafka: KafkaConfig) -> dict[str, Any]:
+def kafka_client_settings(kafka: KafkaConfig, require_secrets: bool = False) -> dict[str, Any]:
     """librdkafka settings of a ``kafka`` config section, secrets read from the environment now (at load, for
-    the topics of include patterns and the sensors; in a run, by ``KafkaResource``)."""
+    the topics of include patterns and the sensors; in a run, by ``KafkaResource``). ``require_secrets``: a
+    secret's variable that is not set is an error naming it (a run), rather than a client without it (a load,
+    which must not fail on a machine without the secrets)."""
 
     def env(name: str | None) -> str | None:
-        return os.environ.get(name) if name else None
+        value = os.environ.get(name) if name else None
+        if require_secrets and name and not value:
+            raise MissingSecretError(f"kafka: the environment variable {name} (named by the pipeline config's kafka "
+                                     "section) is not set in this run's environment")
+        return value
 
     security = {
         "security.protocol": kafka.security_protocol,

@@ -136,3 +136,20 @@ def test_the_documented_config_example_loads_as_written():
     [connector] = config.connectors
     assert connector.name == "inventory" and connector.format == "json"
     assert [table.name for table in connector.tables] == ["inventory.customers", "inventory.audit_log"]
+
+
+def test_a_run_names_a_kafka_secret_variable_that_is_not_set(monkeypatch):
+    """A run's Kafka client needs the secrets the config names by variable: one that is not set is an error
+    naming it (before, a client without it failed later at the broker); a load reads on without it."""
+    from cdc_assets.config import KafkaConfig
+    from cdc_assets.resources import KafkaResource, MissingSecretError, kafka_client_settings
+
+    monkeypatch.delenv("CDC_TEST_UNSET_PASSWORD", raising=False)
+    kafka = KafkaConfig(bootstrap_servers="127.0.0.1:1", sasl_username_env="USER",
+                        sasl_password_env="CDC_TEST_UNSET_PASSWORD", security_protocol="SASL_SSL",
+                        sasl_mechanism="PLAIN")
+    monkeypatch.setenv("USER", "someone")
+    assert "sasl.password" not in kafka_client_settings(kafka)
+    resource = KafkaResource(**kafka.model_dump())
+    with pytest.raises(MissingSecretError, match="CDC_TEST_UNSET_PASSWORD"):
+        resource.client_settings()
