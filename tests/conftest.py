@@ -23,7 +23,7 @@ from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, De
 from cdc_assets.io.kafka_source import KafkaSource
 from cdc_assets.io.spark import DELTA_JARS_ENV_VAR, delta_jars_dir, has_delta, spark_config, spark_records
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, disconnect, ensure_local_server, stop_all
-from cdc_assets.pipeline import BatchReport, merge_micro_batch
+from cdc_assets.merge import BatchReport, merge_micro_batch
 from tests.apicurio import Apicurio, AvroConnectWorker
 from tests.azurite import Azurite
 from tests.connect import ConnectWorker
@@ -195,13 +195,13 @@ def azurite() -> Iterator[Azurite]:
 
 def race_after_fold(run: Callable[[], object], runs: int = 2, timeout_s: float = 180) -> None:
     """Call ``run`` in ``runs`` threads whose merges all fold their batch before any of them commits (a barrier
-    at the pipeline's ``folded`` point), as two runs racing on one table do."""
+    at the merge's ``folded`` point), as two runs racing on one table do."""
     import threading
 
-    from cdc_assets import pipeline
+    from cdc_assets.merge import faults
 
     folded = threading.Barrier(runs, timeout=timeout_s)
-    pipeline.fault_hook = lambda point: folded.wait() if point == "folded" else None
+    faults.fault_hook = lambda point: folded.wait() if point == "folded" else None
     try:
         threads = [threading.Thread(target=run) for _ in range(runs)]
         for thread in threads:
@@ -209,4 +209,4 @@ def race_after_fold(run: Callable[[], object], runs: int = 2, timeout_s: float =
         for thread in threads:
             thread.join()
     finally:
-        pipeline.fault_hook = None
+        faults.fault_hook = None

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from cdc_assets.pipeline import BadEventError
+from cdc_assets.merge import BadEventError
 from tests.conftest import captured_table, new_topic, produce, read_rows, run_batch
 
 ID = json.dumps({"$numberLong": "1004"})

@@ -13,7 +13,7 @@ from cdc_assets.config import BatchLimits
 from cdc_assets.demo.broker import ApacheKafkaBroker, free_port
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.kafka_source import KafkaSource, SourceError
-from cdc_assets.pipeline import merge_micro_batch
+from cdc_assets.merge import merge_micro_batch
 from tests.conftest import captured_table, new_topic, produce, race_after_fold, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
