@@ -376,7 +376,7 @@ def decode_child(variant: str, bootstrap: str, registry_url: str, batch: int) ->
                 with tempfile.TemporaryDirectory(prefix="cdc-batch-") as scratch:
                     found = materialized(decode_rows(spark, events, writer_schemas, Path(scratch)),
                                          _record_fields(newest, "before"))
-            else:  # as the pipeline's ``_prepare`` does (W1's batches hold no placeholder)
+            else:  # as ``cdc_assets.merge.prepare`` does (W1's batches hold no placeholder)
                 samples = [events[side].slice(0, 4).to_pylist() + events[side].slice(events.num_rows - 4).to_pylist()
                            for side in ("key", "value")]
                 layout = derive_layout("postgresql", *samples)

@@ -51,13 +51,13 @@ MARKER = re.compile(r"^marker (\d+) (\w+) ", re.MULTILINE)
 def worker(args: argparse.Namespace) -> None:
     """Merge until caught up, printing a marker at each point; kill this process group at
     ``--crash-at`` (a named point) or ``--kill-fraction`` of a marker gap after marker ``--kill-after``."""
-    from cdc_assets import pipeline
     from cdc_assets.catalog import CapturedTable
     from cdc_assets.config import BatchLimits
     from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriter
     from cdc_assets.io.kafka import KafkaSource
     from cdc_assets.io.spark import spark_config
     from cdc_assets.io.spark_server import connect, ensure_local_server
+    from cdc_assets.merge import faults, merge_micro_batches
 
     rng = random.Random(args.seed)
     lock = threading.Lock()
@@ -79,7 +79,7 @@ def worker(args: argparse.Namespace) -> None:
         if point == args.crash_at and rng.random() < 1 / 3:
             kill()
 
-    pipeline.fault_hook = hook
+    faults.fault_hook = hook
     # The embedded default: the local Spark server (it folds; delta-rs or, in it, delta-spark writes), with the
     # store's settings as a run has them, which a SIGKILL of this process leaves running.
     storage_options = json.loads(args.storage_options)
@@ -90,7 +90,7 @@ def worker(args: argparse.Namespace) -> None:
     writer: DeltaWriter = DeltaSparkWriter(spark) if args.writer == "delta-spark" else DeltaRsWriter()
     # As a run does: the next batch folded while one is merged (so kills land in either).
     limits = BatchLimits(max_records=args.batch, max_batches_per_run=1_000_000)
-    for _ in pipeline.merge_micro_batches(spark, source, writer, table, limits):
+    for _ in merge_micro_batches(spark, source, writer, table, limits):
         pass
     source.close()
     print("caught up", flush=True)

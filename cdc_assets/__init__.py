@@ -3,7 +3,7 @@
 Layers, data flowing one way (topic -> decoded events -> folded batch -> MERGE -> commit + offsets):
 - ``cdc_assets.core``: Debezium semantics as Spark column logic (no Kafka, no Dagster);
 - ``cdc_assets.io``: Kafka source, Spark session factory, Delta writers;
-- ``cdc_assets.pipeline``: one micro-batch of one table through those parts;
+- ``cdc_assets.merge``: a table's micro-batches through those parts, one commit each;
 - ``cdc_assets.assets`` / ``cdc_assets.resources`` / ``cdc_assets.definitions``: thin Dagster layer.
 
 The public names below load lazily, so importing the core does not import Dagster.
@@ -21,14 +21,14 @@ if TYPE_CHECKING:
     from cdc_assets.config import BatchLimits
     from cdc_assets.definitions import build_definitions
     from cdc_assets.io.row_history import RowChange, row_history
-    from cdc_assets.pipeline import BadEventError, BatchReport
+    from cdc_assets.merge import BadEventError, BatchReport
     from cdc_assets.translator import CdcTranslator
 
 __all__ = ["BadEventError", "BatchLimits", "BatchReport", "CapturedTable", "CdcComponent", "CdcTranslator", "RowChange",
            "TableSpec", "apply_pending", "build_definitions", "row_history"]
 
 _HOMES = {"TableSpec": "cdc_assets.api", "apply_pending": "cdc_assets.api", "BatchLimits": "cdc_assets.config",
-          "BatchReport": "cdc_assets.pipeline", "BadEventError": "cdc_assets.pipeline",
+          "BatchReport": "cdc_assets.merge", "BadEventError": "cdc_assets.merge",
           "CapturedTable": "cdc_assets.catalog", "CdcComponent": "cdc_assets.component",
           "CdcTranslator": "cdc_assets.translator",
           "build_definitions": "cdc_assets.definitions", "RowChange": "cdc_assets.io.row_history",

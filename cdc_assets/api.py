@@ -27,7 +27,7 @@ from cdc_assets.config import BatchLimits, ConnectorKind
 from cdc_assets.core.apply_modes import ApplyModeName
 from cdc_assets.io.delta import DeltaTarget, DeltaWriter, select_writer
 from cdc_assets.io.kafka import KafkaSource
-from cdc_assets.pipeline import BatchReport, merge_micro_batches
+from cdc_assets.merge import BatchReport, merge_micro_batches
 
 WriterName = Literal["auto", "delta-rs", "delta-spark"]
 BadEventPolicy = Literal["halt", "dead_letter"]

@@ -2,14 +2,9 @@
 micro-batches. The tables of a connector share one subsettable op (one op per table made the code
 location load in minutes with thousands of tables): a run merges the tables it selects, several at once."""
 
-import collections
-import contextlib
 import json
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from dagster import (
     AssetCheckResult,
@@ -41,7 +36,7 @@ from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.io.transactions import update_watermark
-from cdc_assets.pipeline import BatchReport
+from cdc_assets.merge import BatchReport, MergeFailed, merge_concurrently
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator, dagster_name
 
@@ -118,10 +113,10 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
     if latest_applied is not None and latest_applied.capture_lag_p50_s is not None:
         metadata["capture_lag_p50_s"] = round(latest_applied.capture_lag_p50_s, 3)
     if last.transactions is not None:
-        metadata["transactions_applied"] = sum(int(str(r.transactions["applied"]))
-                                               for r in reports if r.transactions is not None)
+        metadata["transactions_applied"] = sum(r.transactions.applied for r in reports if r.transactions is not None)
+        status = last.transactions.to_metadata()  # the JSON its commit records (``transactions_reconciled`` reads it)
         for name in ("waiting", "waiting_s", "incomplete", "stalled"):
-            metadata[f"transactions_{name}"] = MetadataValue.json(cast(Mapping[str, Any], last.transactions[name]))
+            metadata[f"transactions_{name}"] = MetadataValue.json(status[name])
     if "total_s" in stages:
         metadata["batch_seconds"] = round(stages["total_s"], 3)
     if latest_applied is not None and latest_applied.key_columns:
@@ -184,7 +179,13 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
         selected = context.selected_asset_keys
         checks = selected_check_names(context.selected_asset_check_keys)
         chosen = {key: table for key, table in by_key.items() if key in selected}
-        merges = merge_concurrently(chosen, limits, peers, config, spark, kafka, delta)
+
+        def merge(key: AssetKey, session: SparkSession, source: KafkaSource, writer: DeltaWriter,
+                  log: Callable[[str], None]) -> MaterializeResult:
+            return merge_table(chosen[key], limits, peers, config, session, source, writer, key, log)
+
+        merges = merge_concurrently(chosen, merge, config.concurrent_tables, lambda: spark.spark_session,
+                                    kafka.new_source, delta.writer_for)
         reads = RunReads(delta)
         failures: list[tuple[CapturedTable, Exception]] = []
         for key, table in by_key.items():  # in config order, each as soon as its merge (and those before) ended
@@ -223,80 +224,6 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
     )(merge_tables)
 
 
-class MergeFailed(Exception):
-    """Several tables of a run failed to merge (each error is in the run's log)."""
-
-    def __init__(self, failures: Sequence[tuple[CapturedTable, Exception]]):
-        super().__init__(f"{len(failures)} tables failed to merge: " + "; ".join(
-            f"{table.topic}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
-            for table, error in failures))
-        self.failures = list(failures)
-        self.__cause__ = failures[0][1]
-
-
-@dataclass
-class TableMerge:
-    """One table's merge in a run: its materialization, or the error that stopped it; its log lines; and the
-    writer that merged it, whose loaded table the blocking key check reads again (no second load)."""
-
-    result: MaterializeResult | None = None
-    error: Exception | None = None
-    log: list[str] = field(default_factory=list)
-    writer: DeltaWriter | None = None
-
-
-def merge_concurrently(tables: Mapping[AssetKey, CapturedTable], limits: BatchLimits,
-                       peers: Mapping[str, DeltaTarget] | None, config: MergeConfig, spark: SparkResource,
-                       kafka: KafkaResource, delta: DeltaResource) -> Iterator[TableMerge]:
-    """Merge ``tables`` with up to ``config.concurrent_tables`` at once; yields each table's ``TableMerge``
-    in the order given.
-
-    A small table's merge is mostly fixed costs (its Spark query's planning and scheduling, its Kafka
-    read, its Delta commit): merged side by side, one table's Spark query runs while another's Python
-    parts run (W2, in performance.md's git log). Each worker reads with a Kafka source of its own, kept for
-    the tables it merges (a new client per table cost more than a small table's read). The tables cut
-    to whole transactions merge one after another in one worker: they share the connector's
-    transaction log and watermark."""
-    if not tables:
-        return  # a run of checks alone starts no Spark session
-    session = spark.spark_session  # made once, here: the workers share it
-    transactional = [key for key, table in tables.items() if table.transaction_log is not None]
-    units = collections.deque([[key] for key, table in tables.items() if table.transaction_log is None])
-    if transactional:
-        units.appendleft(transactional)
-    merges: dict[AssetKey, Future[TableMerge]] = {key: Future() for key in tables}
-    stopping = threading.Event()
-
-    def work() -> None:
-        with contextlib.closing(kafka.new_source()) as source:
-            while not stopping.is_set():
-                try:
-                    unit = units.popleft()
-                except IndexError:
-                    return
-                for key in unit:
-                    writer = delta.writer_for(session)
-                    merged = TableMerge(writer=writer)
-                    try:
-                        merged.result = merge_table(tables[key], limits, peers, config, session, source, writer,
-                                                    key, merged.log.append)
-                    except Exception as error:
-                        merged.error = error
-                    merges[key].set_result(merged)
-
-    workers = min(config.concurrent_tables, len(units))
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cdc-merge")
-    running = [pool.submit(work) for _ in range(workers)]
-    try:
-        for key in tables:
-            yield merges[key].result()
-    finally:
-        stopping.set()  # a run stopped early starts no more merges
-        pool.shutdown(wait=True)
-        for worker in running:
-            worker.result()  # a worker's own failure (its Kafka source) is the run's
-
-
 def merge_table(table: CapturedTable, limits: BatchLimits, peers: Mapping[str, DeltaTarget] | None,
                 config: MergeConfig, session: SparkSession, source: KafkaSource, writer: DeltaWriter,
                 key: AssetKey, log: Callable[[str], None]) -> MaterializeResult:
@@ -322,10 +249,3 @@ def merge_table(table: CapturedTable, limits: BatchLimits, peers: Mapping[str, D
     if schema is not None:
         metadata["dagster/column_schema"] = schema
     return MaterializeResult(asset_key=key, metadata=metadata)
-
-
-def build_cdc_asset(table: CapturedTable, limits: BatchLimits, peers: Mapping[str, DeltaTarget] | None = None,
-                    translator: CdcTranslator | None = None) -> AssetsDefinition:
-    """The asset of one captured table alone (its own op, named after its key), with its checks."""
-    key = (translator or CdcTranslator()).get_asset_key(table)
-    return build_connector_assets([table], limits, peers, translator, name=dagster_name("_".join(key.path)))

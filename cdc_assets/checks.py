@@ -34,8 +34,19 @@ from dagster import (
 from deltalake import DeltaTable
 
 from cdc_assets.catalog import CapturedTable
+from cdc_assets.check_names import (
+    CAPTURE_LAG_CHECK,
+    DEAD_LETTERS_CHECK,
+    FRESHNESS_CHECK,
+    KEY_CHECK,
+    SCHEMA_CHECK,
+    TRANSACTIONS_CHECK,
+    UNAVAILABLE_CHECK,
+    WATERMARK_CHECK,
+)
 from cdc_assets.core.layout import PLACEHOLDER_KINDS
 from cdc_assets.core.schema_evolution import RegistryEntry
+from cdc_assets.core.transaction_status import counts_from_metadata
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget, DeltaWriter, KeyReport, open_table
 from cdc_assets.io.freshness import FreshnessProbe, TableFreshness, freshness_verdict
@@ -77,9 +88,6 @@ def _key_report(table: CapturedTable, writer: DeltaWriter, merged_keys: Sequence
     return writer.key_report(table.target, keys) if keys else None
 
 
-FRESHNESS_CHECK = "freshness"
-
-
 def live_freshness(table: CapturedTable, probe: FreshnessProbe) -> tuple[TableFreshness, datetime | None]:
     """The table's topic against the offsets its Delta table committed, and the connector's newest
     heartbeat (looked up only for a connector that sends them)."""
@@ -104,39 +112,34 @@ def freshness_metadata(state: TableFreshness, heartbeat: datetime | None) -> dic
     return metadata
 
 
-# Blocking: a key appears once and is never null, as a database's primary key. One check, not two: each
-# evaluation is an event Dagster stores, 31-38 ms apiece in its SQLite storage (docs/performance.md).
-KEY_CHECK = "primary_key"
-# Blocking, for tables whose values the source may leave unavailable (a placeholder): none of them was stored
-# as null. Evaluated after each merge, on that merge's own count: a later merge's would hide it.
-UNAVAILABLE_CHECK = "unavailable_values_kept"
-
-
 def table_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpec]:
     """The specs of the checks that look at what the merges of ``table`` left (``evaluate_table_checks``):
     those its merge runs evaluate (``merge_check_specs``) are check specs of the connector's merge op, the
     others (``scheduled_check_specs``) of its scheduled check op (``build_scheduled_table_checks``)."""
     name = table.name
     specs = [
+        # One key check, not two: each evaluation is an event Dagster stores, 31-38 ms apiece in its SQLite
+        # storage (docs/performance.md).
         AssetCheckSpec(KEY_CHECK, asset=key, blocking=True, description=(
             f"Each key of {name} appears once and no row has a null key (current versions for scd2).")),
-        AssetCheckSpec("capture_lag", asset=key, description=(
+        AssetCheckSpec(CAPTURE_LAG_CHECK, asset=key, description=(
             f"The newest change applied by the last merge of {name} is at most "
             f"{duration_text(table.max_capture_lag_s)} old.")),
-        AssetCheckSpec("no_dead_letters", asset=key, description=f"No event of {name} is in the dead-letter table."),
-        AssetCheckSpec("schema_matches_source", asset=key,
+        AssetCheckSpec(DEAD_LETTERS_CHECK, asset=key, description=f"No event of {name} is in the dead-letter table."),
+        AssetCheckSpec(SCHEMA_CHECK, asset=key,
                        description=f"The Delta table of {name} has every column the source last announced."),
     ]
     if table.transaction_log is not None:
         specs += [
-            AssetCheckSpec("transactions_reconciled", asset=key, blocking=True, description=(
+            AssetCheckSpec(TRANSACTIONS_CHECK, asset=key, blocking=True, description=(
                 f"No transaction has kept {name} from applying anything for "
                 f"{duration_text(table.transaction_timeout_s)} or more (events its END announces missing, or no "
                 "END).")),
-            AssetCheckSpec("consistent_watermark_fresh", asset=key, description=(
+            AssetCheckSpec(WATERMARK_CHECK, asset=key, description=(
                 f"The connector's consistent watermark is at most {duration_text(table.max_watermark_lag_s)} old.")),
         ]
     if table.kind in PLACEHOLDER_KINDS:
+        # Evaluated after each merge, on that merge's own count: a later merge's would hide it.
         specs.append(AssetCheckSpec(UNAVAILABLE_CHECK, asset=key, blocking=True, description=(
             f"Every value of {name} the source left unavailable (PostgreSQL's unchanged TOAST, Oracle's LOBs) "
             "was kept from the table's row: none was stored as null.")))
@@ -235,15 +238,15 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
     last: dict[str, Any] = merged  # the metadata of the table's latest materialization
     if latest is not None and latest.asset_materialization is not None:
         last = {name: value.value for name, value in latest.asset_materialization.metadata.items()}
-    if "capture_lag" in selected:
+    if CAPTURE_LAG_CHECK in selected:
         yield _capture_lag(table, key, last)
-    if "no_dead_letters" in selected:
+    if DEAD_LETTERS_CHECK in selected:
         yield _no_dead_letters(table, key, reads)
-    if "schema_matches_source" in selected:
+    if SCHEMA_CHECK in selected:
         yield _schema_matches_source(table, key, delta, spark, reads.registry.get((table.connector, table.name)))
-    if "transactions_reconciled" in selected and table.transaction_log is not None:
+    if TRANSACTIONS_CHECK in selected and table.transaction_log is not None:
         yield _transactions_reconciled(table, key, last)
-    if "consistent_watermark_fresh" in selected and table.transaction_log is not None:
+    if WATERMARK_CHECK in selected and table.transaction_log is not None:
         yield _consistent_watermark_fresh(table, key)
     if UNAVAILABLE_CHECK in selected:
         yield _unavailable_values_kept(table, key, last)
@@ -271,13 +274,13 @@ def _plain_metadata(materialized: MaterializeResult | None) -> dict[str, Any]:
 def _capture_lag(table: CapturedTable, key: AssetKey, last: Mapping[str, Any]) -> AssetCheckResult:
     lag = last.get("capture_lag_s")
     if lag is None:
-        return AssetCheckResult(asset_key=key, check_name="capture_lag", passed=True,
+        return AssetCheckResult(asset_key=key, check_name=CAPTURE_LAG_CHECK, passed=True,
                                 description="the last merge applied no change: no lag to measure",
                                 metadata={"note": "the last merge applied no change"})
     passed = lag <= table.max_capture_lag_s
     description = (f"the newest change the last merge applied was {duration_text(lag)} old "
                    f"({'within' if passed else 'beyond'} the bound of {duration_text(table.max_capture_lag_s)})")
-    return AssetCheckResult(asset_key=key, check_name="capture_lag", passed=passed, description=description,
+    return AssetCheckResult(asset_key=key, check_name=CAPTURE_LAG_CHECK, passed=passed, description=description,
                             severity=AssetCheckSeverity.WARN,
                             metadata={"capture_lag": duration_text(lag), "capture_lag_s": lag,
                                       "bound_s": table.max_capture_lag_s})
@@ -285,19 +288,19 @@ def _capture_lag(table: CapturedTable, key: AssetKey, last: Mapping[str, Any]) -
 
 def _no_dead_letters(table: CapturedTable, key: AssetKey, reads: "RunReads") -> AssetCheckResult:
     count = reads.dead_letters(table.dead_letter).get(table.topic, 0) if table.dead_letter is not None else 0
-    return AssetCheckResult(asset_key=key, check_name="no_dead_letters", passed=count == 0,
+    return AssetCheckResult(asset_key=key, check_name=DEAD_LETTERS_CHECK, passed=count == 0,
                             severity=AssetCheckSeverity.WARN, metadata={"dead_lettered_events": count})
 
 
 def _schema_matches_source(table: CapturedTable, key: AssetKey, delta: DeltaResource, spark: SparkResource,
                            entry: RegistryEntry | None) -> AssetCheckResult:
     if entry is None:
-        return AssetCheckResult(asset_key=key, check_name="schema_matches_source", passed=True,
+        return AssetCheckResult(asset_key=key, check_name=SCHEMA_CHECK, passed=True,
                                 metadata={"note": "no schema-change event announced this table"})
     schema = delta.writer_for_schema_changes(spark).table_schema(table.target)
     present = set(schema.fieldNames()) if schema is not None else set()
     missing = [column for column in entry.columns.fieldNames() if column not in present]
-    return AssetCheckResult(asset_key=key, check_name="schema_matches_source", passed=not missing,
+    return AssetCheckResult(asset_key=key, check_name=SCHEMA_CHECK, passed=not missing,
                             severity=AssetCheckSeverity.WARN,
                             metadata={"missing_columns": missing, "announced": entry.columns.fieldNames()})
 
@@ -308,14 +311,14 @@ def _transactions_reconciled(table: CapturedTable, key: AssetKey, last: Mapping[
     incomplete for less long passes, listed: a connector writes the END and the events to different
     partitions, and a restarted one writes again what it had not stored as sent."""
     incomplete: dict[str, Any] = dict(last.get("transactions_incomplete") or {})
-    stalled: dict[str, Any] = dict(last.get("transactions_stalled") or {})
-    problems = [(f"transaction {tx}: END announces {n['expected']} events for {table.name}, the topic holds {n['seen']}"
-                 if n["expected"] is not None else
-                 f"transaction {tx}: {n['seen']} of its events for {table.name} are in the topic and the transaction "
+    stalled = counts_from_metadata(last.get("transactions_stalled"))
+    problems = [(f"transaction {tx}: END announces {n.expected} events for {table.name}, the topic holds {n.seen}"
+                 if n.expected is not None else
+                 f"transaction {tx}: {n.seen} of its events for {table.name} are in the topic and the transaction "
                  f"log has no END naming {table.name} for it")
-                + f"; it has kept {table.name} from applying anything for {duration_text(n['waiting_s'])}"
+                + f"; it has kept {table.name} from applying anything for {duration_text(n.waiting_s or 0.0)}"
                 for tx, n in stalled.items()]
-    return AssetCheckResult(asset_key=key, check_name="transactions_reconciled", passed=not problems,
+    return AssetCheckResult(asset_key=key, check_name=TRANSACTIONS_CHECK, passed=not problems,
                             description="; ".join(problems) or None,
                             metadata={"incomplete_transactions": sorted(incomplete),
                                       "stalled_transactions": sorted(stalled)})
@@ -336,12 +339,12 @@ def _consistent_watermark_fresh(table: CapturedTable, key: AssetKey) -> AssetChe
     assert table.watermarks is not None
     latest = latest_watermark(table.watermarks, table.connector)
     if latest is None or latest["transaction_ts"] is None:
-        return AssetCheckResult(asset_key=key, check_name="consistent_watermark_fresh", passed=False,
+        return AssetCheckResult(asset_key=key, check_name=WATERMARK_CHECK, passed=False,
                                 severity=AssetCheckSeverity.WARN,
                                 description="no consistent watermark recorded yet (no transaction applied whole)",
                                 metadata={"note": "no consistent watermark recorded yet"})
     age = (datetime.now(timezone.utc) - latest["transaction_ts"]).total_seconds()
-    return AssetCheckResult(asset_key=key, check_name="consistent_watermark_fresh",
+    return AssetCheckResult(asset_key=key, check_name=WATERMARK_CHECK,
                             passed=age <= table.max_watermark_lag_s, severity=AssetCheckSeverity.WARN,
                             description=f"the consistent watermark is {duration_text(age)} old (bound "
                                         f"{duration_text(table.max_watermark_lag_s)})",

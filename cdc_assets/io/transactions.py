@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pds
 from deltalake import DeltaTable, write_deltalake
 
+from cdc_assets.core.transaction_status import TransactionStatus
 from cdc_assets.core.transactions import (
     TransactionEvent,
     TransactionEventError,
@@ -259,7 +260,8 @@ def _intervals(table: DeltaTable) -> list[tuple[int, int, int]]:
         recorded = recorded_commit(entry) or {}
         extra = recorded.get("transactions")
         if extra:
-            intervals.append((int(extra["applied_end"]), int(extra["horizon"]), int(entry["version"])))
+            status = TransactionStatus.from_metadata(extra)
+            intervals.append((status.applied_end, status.horizon, int(entry["version"])))
     return intervals
 
 

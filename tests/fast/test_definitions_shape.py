@@ -8,13 +8,14 @@ from dagster import AssetKey, MaterializeResult
 
 from cdc_assets.assets import report_metadata
 from cdc_assets.catalog import resolve_tables
-from cdc_assets.checks import UNAVAILABLE_CHECK, _primary_key, evaluate_table_checks, merge_run_checks
+from cdc_assets.check_names import UNAVAILABLE_CHECK
+from cdc_assets.checks import _primary_key, evaluate_table_checks, merge_run_checks
 from cdc_assets.config import parse_config
 from cdc_assets.core.fold import BatchSummary
 from cdc_assets.definitions import TABLES_PER_OP, build_definitions, op_groups
 from cdc_assets.io.delta import KeyReport
 from cdc_assets.io.kafka import RAW_SCHEMA, RawBatch
-from cdc_assets.pipeline import BatchReport
+from cdc_assets.merge import BatchReport
 
 POST_MERGE = {"primary_key", "capture_lag", "no_dead_letters", "schema_matches_source"}
 

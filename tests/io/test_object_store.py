@@ -289,10 +289,10 @@ def test_two_delta_spark_runs_of_one_process_racing_on_s3_commit_a_batch_once(s3
     # no offsets are committed twice and the table is the fold of every event. (Runs in processes of their
     # own race below, on both writers.)
 
-    from cdc_assets import pipeline
     from cdc_assets.catalog import CapturedTable
     from cdc_assets.config import BatchLimits
     from cdc_assets.io.kafka import KafkaSource
+    from cdc_assets.merge import merge_micro_batch
     from tests.support.samples import events
 
     topic = new_topic(broker, "races3.s.t")
@@ -307,7 +307,7 @@ def test_two_delta_spark_runs_of_one_process_racing_on_s3_commit_a_batch_once(s3
         source = KafkaSource({"bootstrap.servers": broker.bootstrap_servers, "group.id": "races3"})
         try:
             writer = writer_named("delta-spark", session)
-            return pipeline.merge_micro_batch(session, source, writer, table, BatchLimits()).outcome
+            return merge_micro_batch(session, source, writer, table, BatchLimits()).outcome
         finally:
             source.close()
             disconnect(session)

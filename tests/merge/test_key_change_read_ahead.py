@@ -6,7 +6,7 @@ import random
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaRsWriter
 from cdc_assets.io.kafka import KafkaSource
-from cdc_assets.pipeline import merge_micro_batches
+from cdc_assets.merge import merge_micro_batches
 from tests.support.key_changes import TOAST_COLUMNS, current_values, pg_change, pk_change, produce_spread
 from tests.support.merges import captured_table
 from tests.support.topics import new_topic
@@ -57,6 +57,6 @@ def test_batches_cut_for_key_changes_are_read_ahead_and_count_each_record_once(s
     assert sum(r.events_read for r in reports) == len(events)
     assert any(r.events_read < 20 for r in reports[:-1]), "no batch was cut"
     # Every batch after the first was being read ahead when asked for, unless it is asked for again (prepared
-    # ahead, it read the table's values before the commit before it: ``pipeline._taken``).
+    # ahead, it read the table's values before the commit before it: ``merge.batches._taken``).
     assert [i for i, (request, ahead) in enumerate(source.asks)
             if i > 0 and ahead != request and request not in [r for r, _ in source.asks[:i]]] == []

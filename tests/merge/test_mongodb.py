@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from cdc_assets.pipeline import BadEventError
+from cdc_assets.merge import BadEventError
 from tests.support.merges import captured_table, read_rows, run_batch
 from tests.support.topics import new_topic, produce
 

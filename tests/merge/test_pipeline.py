@@ -11,12 +11,11 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from cdc_assets import pipeline
 from cdc_assets.config import BatchLimits
 from cdc_assets.demo.events import db2_source, encode_key, envelope, postgres_source
 from cdc_assets.io.delta import DeltaRsWriter
 from cdc_assets.io.kafka import KafkaSource
-from cdc_assets.pipeline import BadEventError, merge_micro_batches
+from cdc_assets.merge import BadEventError, faults, merge_micro_batches
 from tests.support.merges import captured_table, read_rows, run_batch
 from tests.support.topics import new_topic, produce
 
@@ -343,7 +342,7 @@ def reads(monkeypatch):
         if point == "consumed":
             threads.append(threading.current_thread().name)
 
-    monkeypatch.setattr(pipeline, "fault_hook", hook)
+    monkeypatch.setattr(faults, "fault_hook", hook)
     return threads
 
 
@@ -493,7 +492,7 @@ def truncate_event(lsn):
 @pytest.mark.parametrize("on_truncate", ["halt", "ignore"])
 def test_a_truncate_follows_the_table_s_policy_and_never_loses_rows_silently(spark, broker, writer, tmp_path,
                                                                                on_truncate):
-    from cdc_assets.pipeline import TruncateError
+    from cdc_assets.merge import TruncateError
 
     topic = new_topic(broker, "dbserver1.public.truncated")
     table = captured_table(topic, tmp_path, on_truncate=on_truncate)

@@ -12,7 +12,7 @@ from dagster import DagsterInstance
 from cdc_assets.config import BatchLimits
 from cdc_assets.demo.broker import ApacheKafkaBroker, free_port
 from cdc_assets.io.kafka import KafkaSource, SourceError
-from cdc_assets.pipeline import merge_micro_batch
+from cdc_assets.merge import merge_micro_batch
 from tests.support.merges import captured_table, race_after_fold, read_rows
 from tests.support.samples import events
 from tests.support.topics import new_topic, produce

@@ -68,8 +68,8 @@ def test_a_transaction_over_two_tables_appears_in_both_only_after_its_end(spark,
     first = run_batch(spark, broker, writer, c.tables["a"])
     # Neither tx1 nor tx2 has an END yet: the batch stops before tx2; event 1 (no transaction) is applied.
     assert ids(spark, writer, c.tables["a"]) == [1]
-    assert first.transactions["waiting"] == {"571": {"seen": 1, "expected": None},
-                                             "572": {"seen": 1, "expected": None}}
+    assert first.transactions.to_metadata()["waiting"] == {"571": {"seen": 1, "expected": None},
+                                                           "572": {"seen": 1, "expected": None}}
     produce(broker, c.tx_topic, [tx_event("BEGIN", "572"), tx_event("END", "572", {"s.a": 1})])
     run_batch(spark, broker, writer, c.tables["a"])
     assert ids(spark, writer, c.tables["a"]) == [1, 2]  # tx1 still open: 3 waits
@@ -97,7 +97,7 @@ def test_a_transaction_split_across_batches_is_applied_whole(spark, broker, writ
     produce(broker, c.topics["a"], [change("a", k, "573", 20 + k, "573", k) for k in range(3, 5)])
     produce(broker, c.tx_topic, [tx_event("END", "573", {"s.a": 5})])
     report = run_batch(spark, broker, writer, c.tables["a"])
-    assert report.transactions["applied"] == 1 and ids(spark, writer, c.tables["a"]) == [0, 1, 2, 3, 4]
+    assert report.transactions.applied == 1 and ids(spark, writer, c.tables["a"]) == [0, 1, 2, 3, 4]
 
 
 def test_reconciliation_check_names_a_transaction_missing_events(spark, broker, tmp_path):
@@ -178,18 +178,18 @@ def test_events_without_transactions_flow_as_before(spark, broker, writer, tmp_p
     c = Connector(broker, tmp_path)
     produce(broker, c.topics["a"], [change("a", k, "snap", 5 + k) for k in range(3)])
     report = run_batch(spark, broker, writer, replace(c.tables["a"]))
-    assert report.outcome.inserted == 3 and report.transactions["waiting"] == {}
+    assert report.outcome.inserted == 3 and report.transactions.waiting == {}
 
 
 def test_a_transaction_larger_than_a_batch_is_a_clear_error(spark, broker, writer, tmp_path):
-    from cdc_assets.pipeline import BatchTooSmallError
+    from cdc_assets.merge import BatchTooSmallError
 
     c = Connector(broker, tmp_path)
     produce(broker, c.tx_topic, [tx_event("BEGIN", "575"), tx_event("END", "575", {"s.a": 6})])
     produce(broker, c.topics["a"], [change("a", k, "h", 40 + k, "575", k) for k in range(6)])
     with pytest.raises(BatchTooSmallError, match="transaction 575 does not fit in a batch of 4 records"):
         run_batch(spark, broker, writer, c.tables["a"], max_records=4)
-    assert run_batch(spark, broker, writer, c.tables["a"], max_records=10).transactions["applied"] == 1
+    assert run_batch(spark, broker, writer, c.tables["a"], max_records=10).transactions.applied == 1
 
 
 def test_two_concurrent_ingests_append_each_transaction_event_once(broker, tmp_path):
@@ -242,19 +242,19 @@ def test_a_batch_waiting_for_an_end_not_ingested_yet_waits_instead_of_blaming_th
     """The first transaction's END is not in the log yet: the batch applies nothing and says what it
     waits for (no BatchTooSmallError, whose advice to raise the limits would be wrong); once the END
     is there, a batch too small for the transaction is the clear error, and a large enough one applies it."""
-    from cdc_assets.pipeline import BatchTooSmallError
+    from cdc_assets.merge import BatchTooSmallError
 
     c = Connector(broker, tmp_path)
     produce(broker, c.tx_topic, [tx_event("BEGIN", "7:70")])
     produce(broker, c.topics["a"], [change("a", k, "o", 70 + k, "7:70", k) for k in range(6)])
     report = run_batch(spark, broker, writer, c.tables["a"], max_records=4)
     assert report.outcome is None and report.raw.end_offsets == report.raw.start_offsets
-    assert list(report.transactions["waiting"].values()) == [{"seen": 4, "expected": None}]
+    assert list(report.transactions.to_metadata()["waiting"].values()) == [{"seen": 4, "expected": None}]
     produce(broker, c.tx_topic, [tx_event("END", "7:70", {"s.a": 6})])
     with pytest.raises(BatchTooSmallError, match=r"transaction 7 does not fit in a batch of 4 records.*announces 6 "
                                                  r"events.*after 4 of them.*max_records_per_batch .* at least 6 "):
         run_batch(spark, broker, writer, c.tables["a"], max_records=4)
-    assert run_batch(spark, broker, writer, c.tables["a"], max_records=10).transactions["applied"] == 1
+    assert run_batch(spark, broker, writer, c.tables["a"], max_records=10).transactions.applied == 1
     assert ids(spark, writer, c.tables["a"]) == list(range(6))
 
 
@@ -320,7 +320,7 @@ def test_a_transaction_that_fits_is_applied_whatever_later_ones_fill_the_partiti
         report = run_batch(spark, broker, writer, c.tables["a"], max_records=10)
         batches += 1
         assert report.raw.end_offsets != report.raw.start_offsets, f"batch {batches} applied nothing: {report}"
-        applied += (report.transactions or {}).get("applied", 0)  # none in a batch of tombstones alone
+        applied += report.transactions.applied if report.transactions else 0  # none in a batch of tombstones alone
         if sum(report.raw.end_offsets.values()) == total:
             break
     assert applied == len(transactions)
@@ -330,7 +330,7 @@ def test_a_transaction_that_fits_is_applied_whatever_later_ones_fill_the_partiti
 def test_a_transaction_that_cannot_fit_names_the_limit_it_needs_tombstones_included(spark, broker, writer, tmp_path):
     """The END announces 6 events; with the tombstones after its two deletes they take 8 records: a
     batch of 7 fails, saying 8, and one of 8 applies it."""
-    from cdc_assets.pipeline import BatchTooSmallError
+    from cdc_assets.merge import BatchTooSmallError
 
     c = Connector(broker, tmp_path)
     changes = [("c", 1, "x"), ("c", 2, "x"), ("d", 1, None), ("d", 2, None), ("c", 3, "x"), ("c", 4, "x")]
@@ -339,7 +339,7 @@ def test_a_transaction_that_cannot_fit_names_the_limit_it_needs_tombstones_inclu
                                                  r"events.*at least 8 \(the 6 events, and a record for each "
                                                  r"tombstone"):
         run_batch(spark, broker, writer, c.tables["a"], max_records=7)
-    assert run_batch(spark, broker, writer, c.tables["a"], max_records=8).transactions["applied"] == 1
+    assert run_batch(spark, broker, writer, c.tables["a"], max_records=8).transactions.applied == 1
     run_batch(spark, broker, writer, c.tables["a"], max_records=8)
     assert values(spark, writer, c.tables["a"]) == expected
 
@@ -368,7 +368,7 @@ def test_a_transaction_topic_of_three_partitions_pairs_begin_and_end_by_transact
         produce(broker, tx_topic, records, partition=partition)
     for name in ("a", "b"):
         report = run_batch(spark, broker, writer, tables[name])
-        assert report.transactions["waiting"] == {} and report.transactions["applied"] == 2
+        assert report.transactions.waiting == {} and report.transactions.applied == 2
     assert ids(spark, writer, tables["a"]) == [7010, 7011, 7030]
     assert ids(spark, writer, tables["b"]) == [7020, 7030]
     row = update_watermark("txdb", log, {t.name: t.target for t in tables.values()}, c.watermarks)
@@ -415,7 +415,7 @@ def test_markers_and_events_a_restarted_connector_emits_again_complete_the_trans
     produce(broker, c.topics["a"], [change("a", 9, "t2", 3100, "761")])
     produce(broker, c.tx_topic, [tx_event("BEGIN", "761"), tx_event("END", "761", {"s.a": 1})])
     report = run_batch(spark, broker, writer, c.tables["a"])
-    assert report.transactions["waiting"] == {} and report.transactions["applied"] == 2
+    assert report.transactions.waiting == {} and report.transactions.applied == 2
     assert values(spark, writer, c.tables["a"]) == {0: "t1", 1: "t1", 2: "t1", 9: "t2"}
 
 
@@ -447,8 +447,8 @@ def test_an_event_delivered_twice_does_not_make_a_transaction_whole(spark, broke
     produce(broker, c.topics["a"], [*events, events[1]])
     produce(broker, c.tx_topic, [tx_event("BEGIN", "770"), tx_event("END", "770", {"s.a": 3})])
     report = run_batch(spark, broker, writer, c.tables["a"])
-    assert report.transactions["applied"] == 0
-    assert report.transactions["incomplete"] == {"770": {"seen": 2, "expected": 3}}
+    assert report.transactions.applied == 0
+    assert report.transactions.to_metadata()["incomplete"] == {"770": {"seen": 2, "expected": 3}}
     assert ids(spark, writer, c.tables["a"]) == []
 
 
@@ -459,7 +459,7 @@ def test_a_bad_event_inside_a_transaction_counts_toward_it_and_meets_on_bad_even
     transaction completes, and the bad event halts the batch naming its topic, partition and offset, or goes to
     the dead-letter table while the rest of the transaction is applied (it waited forever, and on_bad_event never
     applied)."""
-    from cdc_assets.pipeline import BadEventError
+    from cdc_assets.merge import BadEventError
 
     c = Connector(broker, tmp_path)
     table = replace(c.tables["a"], on_bad_event=on_bad_event, dead_letter=DeltaTarget(str(tmp_path / "dead")))
@@ -474,7 +474,7 @@ def test_a_bad_event_inside_a_transaction_counts_toward_it_and_meets_on_bad_even
         assert ids(spark, writer, table) == []
         return
     report = run_batch(spark, broker, writer, table)
-    assert report.transactions["applied"] == 1 and report.dead_lettered == 1
+    assert report.transactions.applied == 1 and report.dead_lettered == 1
     assert ids(spark, writer, table) == [1]
 
 

@@ -12,7 +12,7 @@ from cdc_assets.config import BatchLimits
 from cdc_assets.demo.broker import ApacheKafkaBroker
 from cdc_assets.io.delta import DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka import KafkaSource
-from cdc_assets.pipeline import BatchReport, merge_micro_batch
+from cdc_assets.merge import BatchReport, merge_micro_batch
 
 
 def captured_table(topic: str, root: Path, kind: str = "postgresql", **options) -> CapturedTable:
@@ -51,13 +51,13 @@ def read_rows(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, vi
 
 def race_after_fold(run: Callable[[], object], runs: int = 2, timeout_s: float = 180) -> None:
     """Call ``run`` in ``runs`` threads whose merges all fold their batch before any of them commits (a barrier
-    at the pipeline's ``folded`` point), as two runs racing on one table do."""
+    at the merge's ``folded`` point), as two runs racing on one table do."""
     import threading
 
-    from cdc_assets import pipeline
+    from cdc_assets.merge import faults
 
     folded = threading.Barrier(runs, timeout=timeout_s)
-    pipeline.fault_hook = lambda point: folded.wait() if point == "folded" else None
+    faults.fault_hook = lambda point: folded.wait() if point == "folded" else None
     try:
         threads = [threading.Thread(target=run) for _ in range(runs)]
         for thread in threads:
@@ -65,4 +65,4 @@ def race_after_fold(run: Callable[[], object], runs: int = 2, timeout_s: float =
         for thread in threads:
             thread.join()
     finally:
-        pipeline.fault_hook = None
+        faults.fault_hook = None

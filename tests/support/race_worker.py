@@ -24,12 +24,12 @@ def main() -> int:
     parser.add_argument("--racers", type=int, default=2)
     args = parser.parse_args()
 
-    from cdc_assets import pipeline
     from cdc_assets.catalog import CapturedTable
     from cdc_assets.config import BatchLimits
     from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, DeltaWriterError
     from cdc_assets.io.kafka import KafkaSource
     from cdc_assets.io.spark_server import connect, disconnect
+    from cdc_assets.merge import faults, merge_micro_batch
 
     barrier = Path(args.barrier)
 
@@ -48,9 +48,9 @@ def main() -> int:
                           topic=args.topic, target=DeltaTarget(args.path, json.loads(args.storage_options)))
     writer = DeltaRsWriter() if args.writer == "delta-rs" else DeltaSparkWriter(session)
     source = KafkaSource({"bootstrap.servers": args.bootstrap, "group.id": "race"})
-    pipeline.fault_hook = wait_for_every_racer
+    faults.fault_hook = wait_for_every_racer
     try:
-        outcome = pipeline.merge_micro_batch(session, source, writer, table, BatchLimits()).outcome
+        outcome = merge_micro_batch(session, source, writer, table, BatchLimits()).outcome
         already = outcome is not None and outcome.already_applied  # None: the batch had nothing to apply
         print(json.dumps({"applied": outcome is not None and not already, "already_applied": already}))
     except DeltaWriterError as exc:

@@ -1,0 +1,27 @@
+"""A table's change events merged into its Delta table, one micro-batch (one commit) at a time; no Dagster.
+
+- ``read``: a batch read from the table's topic, and the layout of its events;
+- ``transactions``: a transaction-consistent table's batch cut to whole transactions, and its status;
+- ``prepare``: a batch read, decoded and folded, ready to commit;
+- ``apply``: a prepared batch committed (or halted on bad events or a TRUNCATE);
+- ``batches``: a table's micro-batches one after another, the next prepared while one commits;
+- ``concurrent``: several tables' merges side by side in a thread pool;
+- ``report``: each batch's ``BatchReport``, and the errors that halt a batch;
+- ``faults``: the fault-injection hook of tests and crash trials.
+"""
+
+from cdc_assets.merge.batches import merge_micro_batch, merge_micro_batches
+from cdc_assets.merge.concurrent import MergeFailed, TableMerge, merge_concurrently
+from cdc_assets.merge.report import BadEventError, BatchReport, BatchTooSmallError, TruncateError
+
+__all__ = [
+    "BadEventError",
+    "BatchReport",
+    "BatchTooSmallError",
+    "MergeFailed",
+    "TableMerge",
+    "TruncateError",
+    "merge_concurrently",
+    "merge_micro_batch",
+    "merge_micro_batches",
+]

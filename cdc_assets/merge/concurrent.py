@@ -1,0 +1,101 @@
+"""Several tables merged side by side in a thread pool, for a run that merges many.
+
+No Dagster here: the assets hand ``merge_concurrently`` what one table's merge is (``merge``) and how to make
+a Spark session, Kafka sources and Delta writers, and get each table's ``TableMerge`` back in their order.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from pyspark.sql import SparkSession
+
+from cdc_assets.catalog import CapturedTable
+from cdc_assets.io.delta import DeltaWriter
+from cdc_assets.io.kafka import KafkaSource
+
+K = TypeVar("K", bound=Hashable)
+R = TypeVar("R")
+
+# One table's merge: given its key, a Spark session, a Kafka source and a writer of its own, and where its log
+# lines go; its result is the table's ``TableMerge.result``.
+MergeOne = Callable[[K, SparkSession, KafkaSource, DeltaWriter, Callable[[str], None]], R]
+
+
+class MergeFailed(Exception):
+    """Several tables of a run failed to merge (each error is in the run's log)."""
+
+    def __init__(self, failures: Sequence[tuple[CapturedTable, Exception]]):
+        super().__init__(f"{len(failures)} tables failed to merge: " + "; ".join(
+            f"{table.topic}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+            for table, error in failures))
+        self.failures = list(failures)
+        self.__cause__ = failures[0][1]
+
+
+@dataclass
+class TableMerge(Generic[R]):
+    """One table's merge in a run: its result, or the error that stopped it; its log lines; and the writer
+    that merged it, whose loaded table the blocking key check reads again (no second load)."""
+
+    result: R | None = None
+    error: Exception | None = None
+    log: list[str] = field(default_factory=list)
+    writer: DeltaWriter | None = None
+
+
+def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R], concurrent_tables: int,
+                       spark_session: Callable[[], SparkSession], new_source: Callable[[], KafkaSource],
+                       writer_for: Callable[[SparkSession], DeltaWriter]) -> Iterator[TableMerge[R]]:
+    """Merge ``tables`` with up to ``concurrent_tables`` at once, each by ``merge``; yields each table's
+    ``TableMerge`` in the order given.
+
+    A small table's merge is mostly fixed costs (its Spark query's planning and scheduling, its Kafka
+    read, its Delta commit): merged side by side, one table's Spark query runs while another's Python
+    parts run (W2, in performance.md's git log). Each worker reads with a Kafka source of its own
+    (``new_source``), kept for the tables it merges (a new client per table cost more than a small table's
+    read); each table gets a writer of its own (``writer_for``). The tables cut to whole transactions merge
+    one after another in one worker: they share the connector's transaction log and watermark."""
+    if not tables:
+        return  # a run of checks alone starts no Spark session
+    session = spark_session()  # made once, here: the workers share it
+    transactional = [key for key, table in tables.items() if table.transaction_log is not None]
+    units = collections.deque([[key] for key, table in tables.items() if table.transaction_log is None])
+    if transactional:
+        units.appendleft(transactional)
+    merges: dict[K, Future[TableMerge[R]]] = {key: Future() for key in tables}
+    stopping = threading.Event()
+
+    def work() -> None:
+        with contextlib.closing(new_source()) as source:
+            while not stopping.is_set():
+                try:
+                    unit = units.popleft()
+                except IndexError:
+                    return
+                for key in unit:
+                    writer = writer_for(session)
+                    merged: TableMerge[R] = TableMerge(writer=writer)
+                    try:
+                        merged.result = merge(key, session, source, writer, merged.log.append)
+                    except Exception as error:
+                        merged.error = error
+                    merges[key].set_result(merged)
+
+    workers = min(concurrent_tables, len(units))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cdc-merge")
+    running = [pool.submit(work) for _ in range(workers)]
+    try:
+        for key in tables:
+            yield merges[key].result()
+    finally:
+        stopping.set()  # a run stopped early starts no more merges
+        pool.shutdown(wait=True)
+        for worker in running:
+            worker.result()  # a worker's own failure (its Kafka source) is the run's
