@@ -435,7 +435,7 @@ def test_a_restarted_connectors_only_end_names_only_the_tables_it_emitted_to_aft
     produce(broker, c.tx_topic, [tx_event("BEGIN", "791"), tx_event("END", "791", {"s.a": 1})])
     for name, expected in (("a", {0: "t1", 1: "t1", 2: "t1", 9: "t2"}), ("b", {5: "t1"})):
         report = run_batch(spark, broker, writer, c.tables[name])
-        assert report.transactions["waiting"] == {}, (name, report.transactions)
+        assert report.transactions.waiting == {}, (name, report.transactions)
         assert values(spark, writer, c.tables[name]) == expected, name
 
 
