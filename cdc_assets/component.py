@@ -43,7 +43,7 @@ from dagster import (
 )
 from dagster.components import DefsStateConfig, DefsStateConfigArgs, ResolvedDefsStateConfig
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
-from pydantic import BaseModel, PlainSerializer, PrivateAttr, SkipValidation
+from pydantic import BaseModel, PrivateAttr
 from pydantic.fields import FieldInfo
 from typing_extensions import Self
 
@@ -98,14 +98,10 @@ class TranslatedCdcTranslator(CdcTranslator):
 
 
 def _as_written(field: FieldInfo) -> Any:
-    """A pipeline config ``field`` as an attribute taken as written (templates rendered): ``pipeline_config``
-    validates them all at once, its errors naming the defs.yaml's lines; its YAML schema, for ``dg`` and
-    editors, is the field's, with its description."""
-    # Dagster dumps the attributes before resolving them: serialized as the raw data they are, not as the model.
-    # A type made at run time, of each field's (mypy reads Annotated's first argument as a static type).
-    schema = Annotated[field.annotation, PlainSerializer(lambda value: value, return_type=Any),  # type: ignore[name-defined]
-                       SkipValidation]
-    return Annotated[Any, Resolver(lambda context, value: context.resolve_value(value), model_field_type=schema,
+    """A pipeline config ``field`` as an attribute taken as written (templates rendered), with the field's
+    description: its YAML schema takes any value, so that ``dg``'s schema check leaves the validation to
+    ``pipeline_config``, whose errors name the defs.yaml's line and the field."""
+    return Annotated[Any, Resolver(lambda context, value: context.resolve_value(value), model_field_type=Any,
                                    description=field.description)]
 
 

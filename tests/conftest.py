@@ -33,16 +33,21 @@ if TYPE_CHECKING:
 # modules in collection order, so these start first and the short ones fill in beside them instead of trailing.
 SLOW_MODULES_FIRST = (
     "io/test_object_store.py",
-    "conformance/test_real_debezium.py",
+    "merge/test_pipeline.py",
     "merge/test_semantics.py",
-    "conformance/test_mariadb_schema_changes.py",
-    "conformance/test_mariadb_transactions.py",
-    "conformance/test_avro.py",
-    "conformance/test_mariadb.py",
-    "conformance/test_postgres_connect.py",
-    "definitions/test_daemon.py",
+    "merge/test_transaction_merges.py",
     "jobs/test_cluster.py",
-    "demo/test_docs_first_hour.py",
+    "conformance/test_pk_change_toast.py",
+    "conformance/test_real_debezium.py",
+    "conformance/test_signals_real.py",
+    "io/test_delta_writers.py",
+    "conformance/test_mariadb_schema_changes.py",
+    "io/test_azure_store.py",
+    "merge/test_resilience.py",
+    "definitions/test_definitions.py",
+    "conformance/test_mariadb_transactions.py",
+    "definitions/test_daemon.py",
+    "conformance/test_exactly_once_connect.py",
 )
 
 

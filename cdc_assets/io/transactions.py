@@ -5,11 +5,11 @@
   transaction in the same commit, as for data tables), each with its commit position: where the
   transaction stands in the connector's commit order (``core.transactions.commit_position``; the offset,
   for kinds whose ids carry no order, on a transaction topic of one partition).
-- Every transaction-consistent batch commit of a table records ``tx_applied_end`` (the commit position
-  of the last transaction it applied) and ``tx_horizon`` (the table is exact for every transaction
-  whose commit position is at most this).
+- Every transaction-consistent batch commit of a table records, under ``transactions``, ``applied_end``
+  (the commit position of the last transaction it applied) and ``horizon`` (the table is exact for every
+  transaction whose commit position is at most this).
 - ``update_watermark`` finds the greatest commit position W at which every transactional table of the
-  connector has a version that is exact (``tx_applied_end <= W <= tx_horizon``) and records W, its
+  connector has a version that is exact (``applied_end <= W <= horizon``) and records W, its
   transaction id and each table's version in ``<delta root>/_cdc_assets/watermarks``.
 
 BEGIN and END pair by transaction (``core.transactions.transaction_key``) whatever partitions they are in.
@@ -254,7 +254,7 @@ def table_horizon(log: TransactionLog, table: str, applied_end: int) -> int:
 
 
 def _intervals(table: DeltaTable) -> list[tuple[int, int, int]]:
-    """(tx_applied_end, tx_horizon, delta version) of each transaction-consistent commit, newest first."""
+    """(applied_end, horizon, delta version) of each transaction-consistent commit, newest first."""
     intervals = []
     for entry in table.history(200):
         recorded = recorded_commit(entry) or {}

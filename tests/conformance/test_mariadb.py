@@ -331,6 +331,13 @@ def _same_across_legs(column: str, avro: Any, json_value: Any) -> bool:
     return bool(avro == json_value)
 
 
+def _read_at_each_snapshot(column: str, avro: dict[str, Any], json_row: dict[str, Any]) -> bool:
+    """Whether ``column`` is the source time of a row both legs took from their snapshot (op ``r``): each
+    connector's own read time, which differs between the two by a second when their snapshots straddle one."""
+    return (column in ("_cdc_source_ts", "_cdc_valid_from_ts") and avro.get("_cdc_op") == json_row.get("_cdc_op") == "r"
+            and type(avro[column]) is type(json_row.get(column)))
+
+
 @pytest.mark.parametrize("table", ["alltypes", "nokey", "rnd", "rnd_soft", "rnd_scd2"])
 def test_avro_and_json_give_the_same_delta_table(world, table):
     """The same changes through the JSON converter and through the Avro converter: the same Delta schema and the same
@@ -348,5 +355,6 @@ def test_avro_and_json_give_the_same_delta_table(world, table):
     assert len(rows["avro"]) == len(rows["json"]) > 0
     differences = [f"{[row[k] for k in key]}: {column}: avro {value!r}, json {json_row.get(column)!r}"
                    for row, json_row in zip(rows["avro"], rows["json"], strict=True) for column, value in row.items()
-                   if not _same_across_legs(column, value, json_row.get(column))]
+                   if not _same_across_legs(column, value, json_row.get(column))
+                   and not _read_at_each_snapshot(column, row, json_row)]
     assert not differences, h.summarise(differences)
