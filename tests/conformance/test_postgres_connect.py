@@ -316,8 +316,14 @@ def _assert_transaction_tables_equal_the_source(run: ConnectRun) -> ExecuteInPro
     failed = h.failures(result)
     assert not run.midstream_tx and not failed, run.midstream_tx + failed
     for table in TX_TABLES:
+        # What the run last reported of the table, for a failure to show where it stopped and what it waited for.
+        [*_, last] = [e.materialization.metadata for e in result.get_asset_materialization_events()
+                      if e.asset_key.path[-1] == table] or [{}]
+        shown = {name: getattr(last.get(name), "value", None)
+                 for name in ("caught_up", "offsets", "transactions_waiting", "transactions_waiting_s")}
         h.assert_same_rows(run.dsn, run.bootstrap_servers, run.topic(table), run.tx_path(table),
-                           f"SELECT * FROM {table}", {}, {"v": h.typed(int), "note": h.typed(str)})
+                           f"SELECT * FROM {table}", {}, {"v": h.typed(int), "note": h.typed(str)},
+                           label=f"{run.topic(table)}, the merge's last report {shown}")
     return result
 
 
