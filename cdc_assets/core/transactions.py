@@ -200,13 +200,12 @@ class ReadOn:
     helps: bool  # whether a batch stopped at ``until`` leaves out records this one read
 
 
-def read_on(table: str, cut: TransactionCut, start: Mapping[int, int], end: Mapping[int, int],
+def read_on(cut: TransactionCut, start: Mapping[int, int], end: Mapping[int, int],
             stop: Mapping[int, int], seen: Mapping[str, tuple[int, Mapping[int, int]]],
             ends: Mapping[str, tuple[int, Mapping[str, int]]]) -> ReadOn | None:
     """For a batch whose ``cut`` applies nothing (every partition it read starts with a waiting
     transaction): the first of those transactions to commit, and the offsets a batch reading it whole
-    stops before. None while one of them has no known END (it waits for it) or its END does not name
-    the table.
+    stops before. None while one of them has no known END (it waits for it).
 
     A connector writes a transaction's events after those of every transaction committed before it,
     in every partition: the transaction with the smallest commit position among the partitions' first ones
@@ -227,9 +226,9 @@ def read_on(table: str, cut: TransactionCut, start: Mapping[int, int], end: Mapp
     if not heads or any(tx not in ends for tx in heads.values()):
         return None
     first = min(set(heads.values()), key=lambda tx: ends[tx][0])
-    expected = collection_count(ends[first][1], table)
-    if expected is None:
-        return None
+    # The count the cut compared with: a waiting transaction whose END is known always names the table there.
+    expected = cut.waiting[first][1]
+    assert expected is not None
     until: dict[int, int] = {}
     for partition in start:
         later = [firsts[partition] for tx, (_, firsts) in seen.items() if tx != first and partition in firsts]

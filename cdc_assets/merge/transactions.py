@@ -84,7 +84,7 @@ def whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch,
     read_again: dict[int, int] | None = None
     if applicable is None and not caught_up:
         stop = {p: min(high, (until or {}).get(p, high)) for p, high in raw.high_watermarks.items()}
-        blocked = read_on(table.name, cut, raw.start_offsets, raw.end_offsets, stop, seen, ends)
+        blocked = read_on(cut, raw.start_offsets, raw.end_offsets, stop, seen, ends)
         if blocked is not None and blocked.helps:
             read_again = blocked.until
         elif blocked is not None and blocked.open:

@@ -10,7 +10,7 @@ def blocked(end, stop, seen, ends):
     collections = {tx: (offset, {"db.s.a": count}) for tx, (offset, count) in ends.items()}
     cut = cut_batch("s.a", START, end, seen, {tx: c for tx, (_, c) in collections.items()})
     assert cut.end_offsets == START  # nothing applicable
-    return read_on("s.a", cut, START, end, stop, seen, collections)
+    return read_on(cut, START, end, stop, seen, collections)
 
 
 def test_later_transactions_are_left_out_and_the_partition_holding_the_rest_is_read_on():
@@ -51,7 +51,7 @@ def test_a_first_transaction_without_a_known_end_waits():
     seen = {"1": (2, {0: 0}), "2": (2, {1: 0})}
     collections = {"1": (3, {"s.a": 5})}
     cut = cut_batch("s.a", START, {0: 2, 1: 2, 2: 0}, seen, {"1": {"s.a": 5}})
-    assert read_on("s.a", cut, START, {0: 2, 1: 2, 2: 0}, {0: 9, 1: 9, 2: 0}, seen, collections) is None
+    assert read_on(cut, START, {0: 2, 1: 2, 2: 0}, {0: 9, 1: 9, 2: 0}, seen, collections) is None
 
 
 def test_a_whole_transaction_behind_a_cut_in_one_partition_is_not_applied_in_another():
