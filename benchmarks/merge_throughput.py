@@ -77,6 +77,7 @@ from cdc_assets.io.spark_server import (
     disconnect,
     ensure_local_server,
     fingerprint,
+    jvm_environ,
     running_servers,
     stop_all,
 )
@@ -441,7 +442,7 @@ def run_child(variant: str, label: str, batch: int, broker: ApacheKafkaBroker, r
             [sys.executable, "-m", "benchmarks.merge_throughput", "--child", variant, "--bootstrap",
              broker.bootstrap_servers, "--batch", str(batch), "--work", str(run_dir), "--root", store.root(run_dir),
              "--storage-options", json.dumps(store.storage_options)],
-            capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+            capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent, env=jvm_environ())
     if served and not servers:  # started by this run (its RSS counted in the run's)
         servers = own_servers()
         if not servers and done.returncode == 0:

@@ -116,6 +116,15 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_CONNECT_CLIENT_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
+
+
+def jvm_environ(**extra: str) -> dict[str, str]:
+    """This process's environment for a child that runs Spark in a JVM of its own, plus ``extra``: without
+    what makes pyspark a Spark Connect client, which ``connect`` sets for this process and a child inherits."""
+    return {**{k: v for k, v in os.environ.items() if k not in _CONNECT_CLIENT_ENV}, **extra}
+
+
 def ensure_local_server(settings: Mapping[str, str], idle_timeout_s: float = 900.0,
                         start_timeout_s: float = 180.0) -> str:
     """The Spark Connect URL of the local server for ``settings``, starting one if none runs."""
@@ -284,11 +293,9 @@ def _start(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float,
     command = [sys.executable, "-m", "cdc_assets.io.spark_server", "serve", "--state", str(state_path),
                "--idle-timeout-s", str(idle_timeout_s)]
     with log_path.open("w") as log:
-        # A session of its own: the server outlives the run that started it (and its signals). Drop
-        # what makes this process's pyspark a Connect client (set by ``connect``): the JVM is a server.
-        env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
+        # A session of its own: the server outlives the run that started it (and its signals).
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True, text=True, env=env)
+                                   start_new_session=True, text=True, env=jvm_environ())
         assert process.stdin is not None
         process.stdin.write(json.dumps(dict(settings)))
         process.stdin.close()

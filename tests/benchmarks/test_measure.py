@@ -106,7 +106,13 @@ def test_the_jit_cpu_of_a_running_jvm_is_read_from_its_compiler_threads(tmp_path
     assert java, "the benchmarks' machine runs Spark on Java 17+"
     source = tmp_path / "Hot.java"
     source.write_text(_HOT_LOOP)
-    assert jit_cpu(psutil.Process().pid) == 0.0  # no JVM in this process
+    # Not this process: a test before this one in the same worker may have started a JVM under it.
+    idle = subprocess.Popen(["sleep", "30"])
+    try:
+        assert jit_cpu(idle.pid) == 0.0  # no JVM in that process
+    finally:
+        idle.kill()
+        idle.wait()
     jvm = subprocess.Popen([java, str(source)], stdout=subprocess.DEVNULL)  # compiles the source, then loops
     try:
         time.sleep(2.5)

@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.merge_throughput import checksum, generate, produce
 from cdc_assets.demo.broker import ApacheKafkaBroker
+from cdc_assets.io.spark_server import jvm_environ
 
 BATCH = 5_000
 
@@ -31,7 +32,7 @@ def test_reference_matches_fold(reference_name: str, workload: tuple[int, dict[i
     child = subprocess.run(
         [sys.executable, "-m", "benchmarks.merge_throughput", "--child", reference_name, "--bootstrap",
          broker.bootstrap_servers, "--batch", str(BATCH), "--work", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, check=False)
+        capture_output=True, text=True, timeout=600, check=False, env=jvm_environ())
     results = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
     assert results, child.stdout[-2000:] + child.stderr[-4000:]
     result = json.loads(results[-1].removeprefix("RESULT "))

@@ -16,6 +16,7 @@ from cdc_assets.io.spark import (
     spark_records,
     without_schemas,
 )
+from cdc_assets.io.spark_server import jvm_environ
 
 VALUE_TYPE = T.StructType([T.StructField("payload", T.StructType([T.StructField("op", T.StringType())])),
                            T.StructField("op", T.StringType()),
@@ -190,8 +191,7 @@ def test_the_status_store_keeps_only_the_last_few_queries():
     """A long-lived local server must not keep every query's plan for a UI that is off: its live heap
     grew with them until every collection was a full one."""
     probe = subprocess.run([sys.executable, "-c", _RETAINED_PROBE], capture_output=True, text=True, timeout=300,
-                           env={k: v for k, v in os.environ.items() if k not in ("SPARK_CONNECT_MODE_ENABLED",
-                                                                                 "SPARK_REMOTE")})
+                           env=jvm_environ())
     retained = [line for line in probe.stdout.splitlines() if line.startswith("RETAINED")]
     assert retained, probe.stderr[-2000:]
     assert int(retained[0].split()[1]) <= 10

@@ -22,7 +22,7 @@ import yaml
 from deltalake import DeltaTable
 
 from cdc_assets.io.spark import spark_config
-from cdc_assets.io.spark_server import CONNECT_SERVER_CLASS
+from cdc_assets.io.spark_server import CONNECT_SERVER_CLASS, jvm_environ
 from tests.support.samples import sample_published
 
 SPARK_BIN = Path(pyspark.__file__).parent / "bin"
@@ -56,8 +56,7 @@ def _answers(host: str, port: int) -> bool:
 
 def _env(**extra: str) -> dict[str, str]:
     """This environment for a JVM or a run of its own: not a Spark Connect client (as the test process may be)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")}
-    return {**env, "SPARK_LOCAL_IP": "127.0.0.1", "MALLOC_ARENA_MAX": "2", **extra}
+    return jvm_environ(SPARK_LOCAL_IP="127.0.0.1", MALLOC_ARENA_MAX="2", **extra)
 
 
 class Processes:
