@@ -92,15 +92,17 @@ def run_spark_fold(spark: SparkSession, bootstrap: str, topic: str, batch: int, 
     return _run(bootstrap, topic, batch, target, fold, storage_options)
 
 
-SPARK_KAFKA_JARS = Path(sys.prefix) / "share" / "cdc-assets" / "spark-kafka-jars"
 COLUMNS = ("balance", "owner", "status", "seq")
 
 
 def spark_kafka_jars() -> list[str]:
-    """Spark's Kafka connector and its dependencies, as ``scripts/setup`` fetched them."""
-    jars = sorted(str(jar) for jar in SPARK_KAFKA_JARS.glob("*.jar"))
+    """Spark's Kafka connector and its dependencies, as ``scripts/setup`` fetched them on request."""
+    from cdc_assets.io.spark import extra_jars_dir, fetch_command
+
+    directory = extra_jars_dir("spark-kafka")
+    jars = sorted(str(jar) for jar in directory.glob("*.jar"))
     if not jars:
-        raise SystemExit(f"no Spark Kafka connector in {SPARK_KAFKA_JARS}: run scripts/setup")
+        raise SystemExit(f"no Spark Kafka connector in {directory}: run `{fetch_command('spark-kafka')}`")
     return jars
 
 

@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 from cdc_assets.catalog import CapturedTable, pipeline_table_path
 from cdc_assets.config import BatchLimits, ConnectorKind
 from cdc_assets.core.apply_modes import ApplyModeName
-from cdc_assets.io.delta import DeltaTarget, DeltaWriter, select_writer
+from cdc_assets.io.delta import DeltaSparkWriter, DeltaTarget, DeltaWriter, select_writer
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.merge import BatchReport, merge_micro_batches
 
@@ -68,13 +68,15 @@ class TableSpec:
 
 
 @contextlib.contextmanager
-def _default_session(target: DeltaTarget) -> Iterator[SparkSession]:
-    """The local Spark server's session, with the settings of the store ``target`` is on."""
+def _default_session(target: DeltaTarget, writer: WriterName | DeltaWriter) -> Iterator[SparkSession]:
+    """The local Spark server's session, with the settings of the store ``target`` is on (and its connector
+    when ``writer`` is Spark's)."""
     from cdc_assets.io.spark import spark_config
     from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
 
-    session = connect(ensure_local_server(spark_config(delta_root=target.path,
-                                                       storage_options=target.storage_options)))
+    name = writer if isinstance(writer, str) else "delta-spark" if isinstance(writer, DeltaSparkWriter) else "delta-rs"
+    session = connect(ensure_local_server(spark_config(delta_root=target.path, storage_options=target.storage_options,
+                                                       writer=name)))
     try:
         yield session
     finally:
@@ -102,7 +104,7 @@ def apply_pending(table: TableSpec | CapturedTable, *, kafka: str | Mapping[str,
             settings = {"bootstrap.servers": kafka} if isinstance(kafka, str) else dict(kafka)
             source = KafkaSource({"group.id": "cdc-assets", **settings})
             cleanup.callback(source.close)
-        session = spark or cleanup.enter_context(_default_session(captured.target))
+        session = spark or cleanup.enter_context(_default_session(captured.target, writer))
         reports = []
         delta = select_writer(writer, session) if isinstance(writer, str) else writer
         for report in merge_micro_batches(session, source, delta, captured, limits or BatchLimits()):

@@ -47,6 +47,8 @@ class SparkResource(ConfigurableResource):
     delta_root: str = Field(default="", description="the Delta root (delta.root): which store's settings apply")
     storage_options: dict[str, str] = Field(default_factory=dict, description="the store's settings "
                                                                               "(delta.storage_options)")
+    delta_writer: str = Field(default="auto", description="the Delta writer (delta.writer): a session that writes "
+                                                           "to object storage gets the store's connector jars")
     _session: SparkSession | None = PrivateAttr(default=None)
 
     def as_config(self) -> SparkConfig:
@@ -59,7 +61,8 @@ class SparkResource(ConfigurableResource):
         class archive, the long-lived local server does not."""
         spark = self.as_config()
         return spark_config(spark.master, spark.remote, spark.conf, use_class_archive=not spark.uses_local_server,
-                            delta_root=self.delta_root, storage_options=self.storage_options)
+                            delta_root=self.delta_root, storage_options=self.storage_options,
+                            writer=self.delta_writer)
 
     @property
     def spark_session(self) -> SparkSession:
@@ -195,7 +198,7 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
 
     return {
         "spark": SparkResource(**section(config.spark), delta_root=config.delta.root,
-                               storage_options=dict(config.delta.storage_options)),
+                               storage_options=dict(config.delta.storage_options), delta_writer=config.delta.writer),
         "kafka": KafkaResource(**section(config.kafka)),
         "delta": DeltaResource(**section(config.delta)),
         "signals": SignalsResource(

@@ -60,13 +60,15 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
 
 def spark_config(master: str = "local[*]", remote: str | None = None,
                  conf: Mapping[str, str] | None = None, use_class_archive: bool = False,
-                 delta_root: str = "", storage_options: Mapping[str, str] | None = None) -> dict[str, str]:
+                 delta_root: str = "", storage_options: Mapping[str, str] | None = None,
+                 writer: str = "delta-spark") -> dict[str, str]:
     """The full Spark config for a session: embedded defaults, Delta jars if named, the file-system
     settings of the store ``delta_root`` is on (``storage.spark_settings``), then ``conf``.
 
     ``remote`` (a Spark Connect URL) replaces ``master``. Any other session gets Delta: the jars of
     ``delta_jars`` on its classpath, with Delta's SQL extension and catalog, and the store's connector
-    jars (``object_store_jars``) when the tables are on object storage.
+    jars (``object_store_jars``) when the tables are on object storage and Spark writes them (``writer``,
+    the config's ``delta.writer``: see ``spark_writes_delta``).
     ``use_class_archive``: a local JVM started in this process maps the class archive
     (``cdc_assets.io.class_archive``) when there is one. The local Spark server does not: it starts
     once and serves many runs, while the archive, relocated in memory, would hold its memory for as
@@ -79,7 +81,8 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
         settings["spark.master"] = master
         jars = delta_jars()
         if jars:
-            settings["spark.jars"] = ",".join(filter(None, [jars, object_store_jars(delta_root)]))
+            store_jars = object_store_jars(delta_root) if spark_writes_delta(writer, master, remote) else ""
+            settings["spark.jars"] = ",".join(filter(None, [jars, store_jars]))
             settings["spark.sql.extensions"] = DELTA_EXTENSION
             settings["spark.sql.catalog.spark_catalog"] = DELTA_CATALOG
     settings.update(spark_settings(delta_root, storage_options or {}, session_level=bool(remote)))
@@ -115,25 +118,44 @@ def delta_jars_dir() -> Path:
     return _share_dir() / "delta-jars"
 
 
+def spark_writes_delta(writer: str, master: str = "local[*]", remote: str | None = None) -> bool:
+    """Whether a session of ``master`` (or ``remote``) writes the Delta tables itself with ``writer`` (the
+    config's ``delta.writer``), as ``delta.select_writer`` chooses: ``delta-spark``, or ``auto`` on a cluster
+    master. A local session under ``auto`` leaves them to delta-rs, so it needs no object-store connector."""
+    return writer == "delta-spark" or (writer == "auto" and not remote and not master.startswith("local"))
+
+
 def object_store_jars(delta_root: str) -> str:
     """The jar files of Hadoop's connector for the store ``delta_root`` is on, comma-separated: for S3,
-    hadoop-aws and its AWS SDK bundle, for ADLS hadoop-azure, as ``scripts/setup`` fetched them (empty
-    for other stores: a cluster brings its own). Only sessions that need them get them: the SDK bundle
-    is a large jar."""
+    hadoop-aws and its AWS SDK bundle, for ADLS hadoop-azure, as ``scripts/setup`` fetched them on request
+    (``fetch_command``; empty for other stores: a cluster brings its own). Only sessions that need them get
+    them: the SDK bundle is a large jar."""
     store = store_of(delta_root) if delta_root else "local"
     if store not in ("s3", "azure"):
         return ""
-    directory = hadoop_aws_jars_dir() if store == "s3" else _share_dir() / "hadoop-azure-jars"
+    directory = extra_jars_dir(store)
     jars = sorted(directory.glob("*.jar"))
     if not jars:
-        raise StorageConfigError(f"delta.root '{delta_root}' is on {store}, and Spark needs Hadoop's connector for "
-                                 f"it: no jars in {directory} (run scripts/setup)")
+        raise StorageConfigError(f"delta.root '{delta_root}' is on {store} and written by delta-spark, and Spark "
+                                 f"needs Hadoop's connector for it: no jars in {directory} (run "
+                                 f"`{fetch_command(store)}`)")
     return ",".join(str(jar) for jar in jars)
 
 
-def hadoop_aws_jars_dir() -> Path:
-    """Where ``scripts/setup`` puts hadoop-aws and the AWS SDK bundle, at the Hadoop version pyspark ships."""
-    return _share_dir() / "hadoop-aws-jars"
+# What ``scripts/setup`` fetches only on request ($CDC_SETUP_EXTRAS) or for a config that needs it, and where.
+SETUP_EXTRAS_ENV_VAR = "CDC_SETUP_EXTRAS"
+EXTRA_JARS = {"s3": "hadoop-aws-jars", "azure": "hadoop-azure-jars", "spark-kafka": "spark-kafka-jars"}
+
+
+def extra_jars_dir(extra: str) -> Path:
+    """Where ``scripts/setup`` puts the jars of ``extra`` (a key of ``EXTRA_JARS``): hadoop-aws with the AWS SDK
+    bundle, hadoop-azure (both at the Hadoop version pyspark ships), or Spark's Kafka connector."""
+    return _share_dir() / EXTRA_JARS[extra]
+
+
+def fetch_command(extra: str) -> str:
+    """The command that fetches ``extra``'s jars into this installation."""
+    return f"{SETUP_EXTRAS_ENV_VAR}={extra} scripts/setup"
 
 
 def _share_dir() -> Path:
