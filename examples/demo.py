@@ -2,7 +2,7 @@
 
 Run through ``scripts/demo`` (which sets up the environment first):
 
-    scripts/demo                  # fresh broker and Delta root under .cdc-demo/, merge, print rows, stop
+    scripts/demo                  # fresh broker and Delta root under .cdc-demo/, merge, print rows, stop all
     scripts/demo --ui             # the same, then the Dagster UI on it (broker kept up) until Ctrl-C
     scripts/demo --changes        # while --ui runs: publish a round of changes to merge from the UI
     scripts/demo --changes --merge  # ... and run cdc_merge_job on them from here
@@ -176,9 +176,13 @@ def run_demo(ui: bool, ui_port: int, broker_port: int) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        if ui:  # the demo's runs started this checkout's Spark server: it goes with the rest
-            stop_servers([(path, state) for path, state in running_servers(this_checkout=True)
-                          if state["pid"] not in servers_before])
+        # The demo's runs started this checkout's Spark server: it goes with the rest. One that ran before stays.
+        if stop_servers([(path, state) for path, state in running_servers(this_checkout=True)
+                         if state["pid"] not in servers_before]):
+            print("stopped the local Spark server the demo started")
+        if servers_before:
+            print(f"{len(servers_before)} local Spark server(s) of this checkout that ran before the demo keep "
+                  "running until idle; to stop them: python -m cdc_assets.io.spark_server stop")
     return 0
 
 

@@ -192,14 +192,14 @@ def test_the_components_assets_and_automation_in_the_ui(tmp_path):
                     skip.wait_for(state="hidden")
                 return page.locator("body").inner_text()
 
-            # The graph of the translated group: each table with its topic upstream (two "orders" nodes).
-            settled(base + "/asset-groups/bronze_sales", "orders")
+            # The graph of the translated group: each table with its topic upstream (two "products" nodes).
+            settled(base + "/asset-groups/bronze_inventory", "products")
             page.screenshot(path=str(IMAGES / "component_assets.png"))
-            overview = settled(base + "/assets/sales/public/orders", "orders")
+            overview = settled(base + "/assets/dbserver1/inventory/products", "products")
             # Its overview names the topic upstream, and the condition the example's post_processing set.
-            assert "Upstream assets\nkafka / sales / public / orders" in overview, overview[-3000:]
+            assert "Upstream assets\nkafka / dbserver1 / inventory / products" in overview, overview[-3000:]
             assert "on_cron(*/5 * * * *, UTC)" in overview, overview[-3000:]
-            settled(base + "/assets/sales/public/orders?view=lineage", "orders")
+            settled(base + "/assets/dbserver1/inventory/products?view=lineage", "products")
             page.screenshot(path=str(IMAGES / "component_lineage.png"))
 
             # Automation: Dagster's own automation sensor (what evaluates the tables' eager conditions) and

@@ -17,7 +17,7 @@ import yaml
 from cdc_assets.component import CdcComponent
 from cdc_assets.config import ConfigError, load_config
 from cdc_assets.definitions import build_definitions
-from tests.support.component import DG, EXAMPLE, EXAMPLE_TABLES, ROOT, copy_of_example, dg_dev
+from tests.support.component import DG, EXAMPLE, EXAMPLE_GROUP, EXAMPLE_TABLES, ROOT, copy_of_example, dg_dev
 
 DEFS_YAML = Path("src/cdc_example/defs/cdc/defs.yaml")
 
@@ -31,7 +31,7 @@ def project(tmp_path: Path) -> Path:
 def dg(project: Path, *args: str, delta_root: Path, bootstrap: str = "127.0.0.1:9") -> subprocess.CompletedProcess:
     """Run the `dg` CLI of this venv in ``project`` as a user of the example would (its package on the path);
     ``bootstrap``: the broker its defs.yaml names (by default none listens there)."""
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "CDC_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+    env = {**os.environ, "PYTHONPATH": f"{project / 'src'}:{ROOT}", "CDC_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
            "CDC_DELTA_ROOT": str(delta_root)}
     env.pop("CDC_ASSETS_CONFIG", None)
     return subprocess.run([str(DG), *args], cwd=project, env=env, capture_output=True, text=True, timeout=300)
@@ -51,18 +51,18 @@ def test_dg_list_defs_shows_the_translation_and_post_processing(project, tmp_pat
     assert listed.returncode == 0, listed.stderr[-3000:]
     defs = json.loads(listed.stdout)
     assets = {asset["asset_key"]: asset for asset in defs["assets"]}
-    tables = {"sales/public/customers", "sales/public/orders"}
+    tables = EXAMPLE_TABLES
     assert set(assets) == tables | {f"kafka/{table}" for table in tables}  # each table's topic, upstream of it
     for table in tables:
         assert assets[table]["dependency_keys"] == [f"kafka/{table}"]
-        assert assets[f"kafka/{table}"]["group_name"] == "bronze_sales"
+        assert assets[f"kafka/{table}"]["group_name"] == EXAMPLE_GROUP
         assert "automation_condition" not in assets[f"kafka/{table}"]  # post_processing targets kind:delta
     for asset in (assets[table] for table in tables):
-        assert asset["group_name"] == "bronze_sales"  # translation, with the table in its template scope
+        assert asset["group_name"] == EXAMPLE_GROUP  # translation, with the table in its template scope
         assert asset["automation_condition"]["label"].startswith("on_cron(*/5 * * * *")  # post_processing
         assert str(tmp_path / "delta") in asset["description"]  # {{ env.CDC_DELTA_ROOT }}
     assert {"cdc_merge_job", "cdc_freshness_job"} <= {job["name"] for job in defs["jobs"]}
-    assert {"sales/public/customers"} <= {check["key"].split(":")[0] for check in defs["asset_checks"]}
+    assert {check["key"].split(":")[0] for check in defs["asset_checks"]} >= EXAMPLE_TABLES
 
 
 def test_the_topics_include_patterns_match_are_the_components_state(project, tmp_path, broker):
@@ -71,12 +71,12 @@ def test_the_topics_include_patterns_match_are_the_components_state(project, tmp
     from tests.support.topics import new_topic_named
 
     suffix = uuid.uuid4().hex[:6]
-    new_topic_named(broker, f"sales.public.orders_{suffix}")
+    new_topic_named(broker, f"dbserver1.inventory.orders_{suffix}")
     defs_yaml = project / DEFS_YAML
     text = defs_yaml.read_text().replace(
-        "        - name: public.orders\n          key_columns: [id]\n",
-        "        - name: public.orders\n          key_columns: [id]\n"
-        f"      include: ['public\\.orders_{suffix}']\n")
+        "        - name: inventory.products\n          key_columns: [id]\n",
+        "        - name: inventory.products\n          key_columns: [id]\n"
+        f"      include: ['inventory\\.orders_{suffix}']\n")
     text = text.replace("  translation:", "  defs_state: {management_type: LOCAL_FILESYSTEM, refresh_if_dev: false}\n"
                                           "  translation:")
     assert f"orders_{suffix}" in text and "defs_state" in text
@@ -87,7 +87,8 @@ def test_the_topics_include_patterns_match_are_the_components_state(project, tmp
     assert refreshed.returncode == 0, refreshed.stdout[-3000:] + refreshed.stderr[-3000:]
     listed = dg(project, "list", "defs", "--json", delta_root=tmp_path / "delta")  # no broker at 127.0.0.1:9
     assert listed.returncode == 0, listed.stderr[-3000:]
-    assert f"sales/public/orders_{suffix}" in {asset["asset_key"] for asset in json.loads(listed.stdout)["assets"]}
+    keys = {asset["asset_key"] for asset in json.loads(listed.stdout)["assets"]}
+    assert f"dbserver1/inventory/orders_{suffix}" in keys
 
 
 def test_a_wrong_field_is_named_with_the_defs_yaml_line(project, tmp_path):
@@ -138,8 +139,10 @@ def test_the_docs_show_the_example_defs_yaml_as_it_is():
 def test_the_docs_command_runs_as_written(project, tmp_path):
     doc = (ROOT / "docs" / "component.md").read_text()
     command = doc.split("```sh\n", 1)[1].split("```", 1)[0].split("#")[0].strip()
-    # Run from a copy's parent laid out as the checkout is; the example's package is uninstalled after.
+    # Run from a copy's parent laid out as the checkout is, its .venv this one; the example's package is uninstalled
+    # after.
     (tmp_path / "examples").mkdir()
+    (tmp_path / ".venv").symlink_to(sys.prefix)
     shutil.move(str(project), tmp_path / "examples" / "dg_project")
     env = {k: v for k, v in os.environ.items() if k not in ("CDC_ASSETS_CONFIG", "CDC_DELTA_ROOT")}
     try:
@@ -148,14 +151,14 @@ def test_the_docs_command_runs_as_written(project, tmp_path):
     finally:
         subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q", "cdc-example"], capture_output=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "sales/public/customers" in run.stdout
+    assert "dbserver1/inventory/customers" in run.stdout
 
 
 def test_dg_dev_serves_the_components_assets(project, tmp_path):
     """`dg dev` on the example: the UI's GraphQL lists the component's assets, in the translated group."""
     with dg_dev(project, tmp_path) as (_, nodes):
         assert {("/".join(node["assetKey"]["path"]), node["groupName"]) for node in nodes} == {
-            (key, "bronze_sales") for key in EXAMPLE_TABLES | {f"kafka/{table}" for table in EXAMPLE_TABLES}}
+            (key, EXAMPLE_GROUP) for key in EXAMPLE_TABLES | {f"kafka/{table}" for table in EXAMPLE_TABLES}}
 
 
 def test_the_component_takes_every_field_of_the_pipeline_config():
@@ -163,3 +166,21 @@ def test_the_component_takes_every_field_of_the_pipeline_config():
     from cdc_assets.config import PipelineConfig
 
     assert set(CdcComponent.model_fields) - {"translation", "defs_state"} == set(PipelineConfig.model_fields)
+
+
+def test_the_examples_topics_are_the_demos(project, tmp_path, broker):
+    """The example's tables read topics the demo publishes (`scripts/demo`'s sample), so its assets can be
+    materialized on the demo's broker: every topic `dg list defs` shows upstream of a table exists there."""
+    from confluent_kafka.admin import AdminClient
+
+    from cdc_assets.demo.sample import publish_sample, sample_topics
+
+    publish_sample(broker.bootstrap_servers)
+    listed = dg(project, "list", "defs", "--json", delta_root=tmp_path / "delta", bootstrap=broker.bootstrap_servers)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    topics = {".".join(asset["asset_key"].split("/")[1:]) for asset in json.loads(listed.stdout)["assets"]
+              if asset["asset_key"].startswith("kafka/")}
+    assert topics == {table.replace("/", ".") for table in EXAMPLE_TABLES}
+    assert topics <= set(sample_topics(0))
+    on_broker = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).topics
+    assert topics <= set(on_broker)

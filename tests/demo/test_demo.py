@@ -99,3 +99,41 @@ def test_the_broker_command_runs_until_ctrl_c_and_keeps_its_topics_in_its_data_d
         finally:
             broker.send_signal(signal.SIGINT)  # Ctrl-C
             assert broker.wait(60) == 0
+
+
+def _processes_naming(path: Path) -> list[str]:
+    """The command lines of running processes that name ``path`` (a local Spark server's names its state file)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if str(path) in command:
+            found.append(command)
+    return found
+
+
+def test_the_plain_demo_stops_what_it_started(tmp_path, monkeypatch):
+    """`scripts/demo` ends with nothing of its own running: its broker, and the local Spark server its merge run
+    started (in a server directory of its own, so that other servers on the machine do not count)."""
+    import os
+    import sys
+
+    from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers
+
+    servers, broker_port = tmp_path / "spark", free_port()
+    env = {**os.environ, "CDC_DEMO_DIR": str(tmp_path / "demo"), "CDC_DEMO_BROKER_PORT": str(broker_port),
+           SERVER_DIR_ENV_VAR: str(servers), "CDC_VENV": sys.prefix}
+    env.pop("CDC_ASSETS_CONFIG", None)
+    run = subprocess.run([str(ROOT / "scripts" / "demo")], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "cdc_merge_job succeeded" in run.stdout
+    assert list(servers.glob("*.log")), "the merge ran on a local Spark server of the demo's"
+    assert "stopped the local Spark server the demo started" in run.stdout
+    monkeypatch.setenv(SERVER_DIR_ENV_VAR, str(servers))
+    assert running_servers() == [] and _processes_naming(servers) == []
+    import socket
+
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", broker_port)) != 0, "its broker still listens"

@@ -39,7 +39,7 @@ def dg_dev(project: Path, tmp_path: Path) -> Iterator[tuple[str, list[dict]]]:
     port = free_port()
     home = tmp_path / "dagster_home"
     home.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(project / "src"), "DAGSTER_HOME": str(home),
+    env = {**os.environ, "PYTHONPATH": f"{project / 'src'}:{ROOT}", "DAGSTER_HOME": str(home),
            "CDC_DELTA_ROOT": str(tmp_path / "delta")}
     env.pop("CDC_ASSETS_CONFIG", None)
     dev = subprocess.Popen([str(DG), "dev", "--host", "127.0.0.1", "--port", str(port)], cwd=project, env=env,
@@ -66,5 +66,6 @@ def dg_dev(project: Path, tmp_path: Path) -> Iterator[tuple[str, list[dict]]]:
             os.killpg(dev.pid, signal.SIGKILL)
 
 
-# The example's two tables and their topics, all in the group its translation names.
-EXAMPLE_TABLES = {"sales/public/customers", "sales/public/orders"}
+# The example's two tables (the demo's PostgreSQL tables) and their topics, all in the group its translation names.
+EXAMPLE_TABLES = {"dbserver1/inventory/customers", "dbserver1/inventory/products"}
+EXAMPLE_GROUP = "bronze_inventory"
