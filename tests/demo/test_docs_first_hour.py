@@ -16,6 +16,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import psutil
 from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
 
 from cdc_assets.demo.broker import free_port
@@ -56,8 +57,10 @@ def test_the_tour_and_the_first_hour_run_as_written(tmp_path):
     assert len(blocks) >= 8
     state = tmp_path / ".cdc-demo"
     ui_port, broker_port = free_port(), free_port()
+    # The demo's Spark servers in a directory of the test's own: after Ctrl-C none may run there.
+    servers = tmp_path / "spark"
     env = {**os.environ, "CDC_DEMO_DIR": str(state), "CDC_DEMO_UI_PORT": str(ui_port),
-           "CDC_DEMO_BROKER_PORT": str(broker_port)}
+           "CDC_DEMO_BROKER_PORT": str(broker_port), "CDC_SPARK_SERVER_DIR": str(servers)}
     env.pop("CDC_ASSETS_CONFIG", None)
     demo: subprocess.Popen[str] | None = None
     try:
@@ -115,6 +118,10 @@ def test_the_tour_and_the_first_hour_run_as_written(tmp_path):
     assert demo is not None and demo.returncode == 0
     assert not _listening(ui_port) and not _listening(broker_port)
     assert not (state / "running.json").exists()
+    assert list(servers.glob("*.log")), "the demo's runs used a local Spark server"
+    still = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
+             if str(servers) in " ".join(p.info["cmdline"] or [])]
+    assert still == [], "a Spark server the demo started still runs"
 
 
 def test_the_connector_configs_match_what_the_suite_registers_and_the_minimal_config():
