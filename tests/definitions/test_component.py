@@ -28,11 +28,12 @@ def project(tmp_path: Path) -> Path:
     return copy_of_example(tmp_path)
 
 
-def dg(project: Path, *args: str, delta_root: Path, bootstrap: str = "127.0.0.1:9") -> subprocess.CompletedProcess:
-    """Run the `dg` CLI of this venv in ``project`` as a user of the example would (its package on the path);
-    ``bootstrap``: the broker its defs.yaml names (by default none listens there)."""
+def dg(project: Path, *args: str, delta_root: Path, bootstrap: str = "127.0.0.1:9",
+       **more_env: str) -> subprocess.CompletedProcess:
+    """Run the `dg` CLI of this venv in ``project`` as a user of the example would (its package on the path, with
+    this checkout's cdc_assets); ``bootstrap``: the broker its defs.yaml names (by default none listens there)."""
     env = {**os.environ, "PYTHONPATH": f"{project / 'src'}:{ROOT}", "CDC_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-           "CDC_DELTA_ROOT": str(delta_root)}
+           "CDC_DELTA_ROOT": str(delta_root), **more_env}
     env.pop("CDC_ASSETS_CONFIG", None)
     return subprocess.run([str(DG), *args], cwd=project, env=env, capture_output=True, text=True, timeout=300)
 
@@ -184,3 +185,30 @@ def test_the_examples_topics_are_the_demos(project, tmp_path, broker):
     assert topics <= set(sample_topics(0))
     on_broker = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=10).topics
     assert topics <= set(on_broker)
+
+
+def test_dg_launch_materializes_the_examples_assets_from_the_demos_topics(project, tmp_path, broker, monkeypatch):
+    """`dg launch` on the demo's sample: with the component's state frozen first (`dg utils refresh-defs-state`;
+    under the default state management `dg launch`, which runs no code server, finds none), the example's tables
+    are merged into Delta tables of its own."""
+    from deltalake import DeltaTable
+
+    from cdc_assets.demo.sample import publish_sample
+    from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_servers
+
+    publish_sample(broker.bootstrap_servers)
+    defs_yaml = project / DEFS_YAML
+    defs_yaml.write_text(defs_yaml.read_text().replace(
+        "  translation:", "  defs_state: {management_type: LOCAL_FILESYSTEM}\n  translation:"))
+    (tmp_path / "home").mkdir()
+    env = {"DAGSTER_HOME": str(tmp_path / "home"), SERVER_DIR_ENV_VAR: str(tmp_path / "spark")}
+    monkeypatch.setenv(SERVER_DIR_ENV_VAR, str(tmp_path / "spark"))
+    try:
+        for command in (["utils", "refresh-defs-state"], ["launch", "--assets", "*"]):
+            run = dg(project, *command, delta_root=tmp_path / "delta", bootstrap=broker.bootstrap_servers, **env)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    finally:
+        stop_servers(running_servers())
+    assert "RUN_SUCCESS" in run.stdout + run.stderr
+    products = DeltaTable(str(tmp_path / "delta" / "dbserver1" / "inventory" / "products")).to_pyarrow_table()
+    assert products.num_rows == 10 and "scooter" in products.column("name").to_pylist()
