@@ -28,14 +28,14 @@ def project(tmp_path: Path) -> Path:
     return copy_of_example(tmp_path)
 
 
-def dg(project: Path, *args: str, delta_root: Path, bootstrap: str = "127.0.0.1:9",
+def dg(project: Path, *args: str, delta_root: Path, bootstrap: str = "127.0.0.1:9", timeout: float = 300,
        **more_env: str) -> subprocess.CompletedProcess:
     """Run the `dg` CLI of this venv in ``project`` as a user of the example would (its package on the path, with
     this checkout's cdc_assets); ``bootstrap``: the broker its defs.yaml names (by default none listens there)."""
     env = {**os.environ, "PYTHONPATH": f"{project / 'src'}:{ROOT}", "CDC_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
            "CDC_DELTA_ROOT": str(delta_root), **more_env}
     env.pop("CDC_ASSETS_CONFIG", None)
-    return subprocess.run([str(DG), *args], cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(DG), *args], cwd=project, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_dg_lists_the_component_and_validates_the_example_project(project, tmp_path):
@@ -205,7 +205,9 @@ def test_dg_launch_materializes_the_examples_assets_from_the_demos_topics(projec
     monkeypatch.setenv(SERVER_DIR_ENV_VAR, str(tmp_path / "spark"))
     try:
         for command in (["utils", "refresh-defs-state"], ["launch", "--assets", "*"]):
-            run = dg(project, *command, delta_root=tmp_path / "delta", bootstrap=broker.bootstrap_servers, **env)
+            # A cold local Spark server and the merge of two tables: minutes on a loaded machine.
+            run = dg(project, *command, delta_root=tmp_path / "delta", bootstrap=broker.bootstrap_servers,
+                     timeout=1200, **env)
             assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     finally:
         stop_servers(running_servers())
