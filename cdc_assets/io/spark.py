@@ -39,6 +39,9 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     # One shuffle partition per core: a 100k-record batch folds fastest without idle splits.
     "spark.sql.shuffle.partitions": str(os.cpu_count() or 2),
+    # Delta rebuilds a table's file list after each commit in 50 partitions unless told: for the tables of
+    # short batches that is 50 tasks of nothing each, 4x the server CPU of a small MERGE (docs/tuning.md).
+    "spark.databricks.delta.snapshotPartitions": str(os.cpu_count() or 2),
     "spark.sql.adaptive.enabled": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     # A 100k-record batch needs far less than Spark's 1g (figures: docs/tuning.md).

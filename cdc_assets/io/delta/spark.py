@@ -62,23 +62,32 @@ class DeltaSparkWriter(WriterBase):
         history = self._history(target, HISTORY_WINDOW)
         if history is None:
             return None
-        return latest_progress(history, app_id, lambda: self._history(target, None) or [])
+        return self._progress_in(target, history, app_id)
+
+    def _progress_in(self, target: DeltaTarget, recent: list[dict[str, object]], app_id: str) -> TableProgress | None:
+        return latest_progress(recent, app_id, lambda: self._history(target, None) or [])
+
+    def _txn_version_in(self, target: DeltaTarget, recent: list[dict[str, object]], app_id: str) -> int | None:
+        progress = self._progress_in(target, recent, app_id)
+        return progress.txn_version if progress is not None else None
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
               commit: CommitRequest, mode: ApplyMode, truncation: Truncation | None = None) -> MergeOutcome:
         # Spark infers no schema from an empty table (a first batch whose every event was dead-lettered).
         batch = self._spark.createDataFrame(rows) if rows.num_rows else self._spark.createDataFrame(
             [], from_arrow_schema(rows.schema))
-        if not self._exists(target):
+        # One look at the recent history tells existence, version and progress: each look is a Spark query.
+        recent = self._history(target, HISTORY_WINDOW)
+        changed = recent is None
+        if recent is None:
             self._create(target, table_schema_of(rows), {})
         elif _needs_column_mapping(rows.column_names):
-            self._map_columns_by_name(target)
-        applied = self._if_applied(target, commit)
-        if applied is not None:
-            return applied
+            changed = self._map_columns_by_name(target)
+        if recent and commit.applied_by(self._txn_version_in(target, recent, commit.app_id)):
+            return self._applied_before(target)
         if not mode.evolves_schema:
-            self.ensure_columns(target, table_schema_of(rows), {})
-        before = self._version(target)
+            changed = bool(self._add_columns(target, table_schema_of(rows), {})) or changed
+        before = self._version(target) if changed or not recent else int(str(recent[0]["version"]))
         view = f"cdc_batch_{abs(hash((target.path, commit.version)))}"
         batch.createOrReplaceTempView(view)
         plan = mode.merge_plan(key_columns, rows.column_names, quote_spark, truncation)
@@ -107,10 +116,14 @@ class DeltaSparkWriter(WriterBase):
         return to_arrow(stored.select(*[quote_spark(name) for name in columns]))
 
     def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
-        table = self._table_ref(target)
         if not self._exists(target):
             self._create(target, schema, properties)
             return list(schema.names)
+        return self._add_columns(target, schema, properties)
+
+    def _add_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
+        """Add the columns of ``schema`` that the existing table lacks and set ``properties``: the names added."""
+        table = self._table_ref(target)
         wanted = from_arrow_schema(schema)
         present = set(self._spark.read.format("delta").load(spark_path(target.path)).columns)
         missing = [field for field in wanted.fields if field.name not in present]
@@ -192,12 +205,15 @@ class DeltaSparkWriter(WriterBase):
         return CompactionOutcome(files, int(metrics.get("numFilesRemoved") or 0),
                                  int(metrics.get("numFilesAdded") or 0), self._version(target), compacted=True)
 
-    def _map_columns_by_name(self, target: DeltaTarget) -> None:
-        """Let the table take column names that delta-spark refuses without column mapping."""
+    def _map_columns_by_name(self, target: DeltaTarget) -> bool:
+        """Let the table take column names that delta-spark refuses without column mapping: whether that
+        took a commit (a table that maps them already takes none)."""
         detail = self._spark.sql(f"DESCRIBE DETAIL {self._table_ref(target)}").first()
         properties = (detail["properties"] if detail is not None else None) or {}
-        if properties.get(_COLUMN_MAPPING, "none") == "none":
-            self._ddl(f"ALTER TABLE {self._table_ref(target)} SET TBLPROPERTIES ('{_COLUMN_MAPPING}' = 'name')")
+        if properties.get(_COLUMN_MAPPING, "none") != "none":
+            return False
+        self._ddl(f"ALTER TABLE {self._table_ref(target)} SET TBLPROPERTIES ('{_COLUMN_MAPPING}' = 'name')")
+        return True
 
     @staticmethod
     def _render(when: str, clause: Clause) -> str:
@@ -247,8 +263,8 @@ class DeltaSparkWriter(WriterBase):
 
     def _recorded_txn_version(self, target: DeltaTarget, app_id: str) -> int | None:
         # The txn version the latest batch commit recorded in its metadata (``read_progress``).
-        progress = self.read_progress(target, app_id)
-        return progress.txn_version if progress is not None else None
+        history = self._history(target, HISTORY_WINDOW)
+        return self._txn_version_in(target, history, app_id) if history is not None else None
 
     def _commit_without_data(self, target: DeltaTarget, commit: CommitRequest) -> None:
         table = self._table_ref(target)
