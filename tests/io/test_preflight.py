@@ -12,11 +12,12 @@ from confluent_kafka.admin import AdminClient
 from dagster import DagsterEventType, DagsterInstance
 
 from cdc_assets.cli import main
-from cdc_assets.config import PipelineConfig, parse_config
+from cdc_assets.config import CONFIG_ENV_VAR, DEMO_CONFIG_PATH, PipelineConfig, parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.broker import ApacheKafkaBroker, free_port
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR
 from cdc_assets.preflight import results_table, run_preflight
+from tests.support.samples import sample_published
 from tests.support.topics import new_topic_named
 
 # What issue 62 bounds a whole preflight to when something is down.
@@ -86,6 +87,19 @@ def test_a_reachable_deployment_passes_every_check_and_leaves_nothing_behind(bro
     printed = capsys.readouterr().out
     assert printed.splitlines()[0].split() == ["check", "target", "result", "detail", "config", "field"]
     assert f"preflight of {path}: all 4 check(s) passed" in printed
+
+
+def test_the_demo_config_passes_on_the_demo_sample(broker, tmp_path, monkeypatch, capsys):
+    """As ``scripts/demo`` leaves it: the sample published, the demo config (the default) loaded as the code
+    location loads it."""
+    sample_published(broker)
+    monkeypatch.delenv(CONFIG_ENV_VAR, raising=False)
+    monkeypatch.setenv("CDC_KAFKA_BOOTSTRAP_SERVERS", broker.bootstrap_servers)
+    monkeypatch.setenv("CDC_DELTA_ROOT", str(tmp_path / "delta"))
+    assert main(["preflight"]) == 0, capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"preflight of {DEMO_CONFIG_PATH}: all 5 check(s) passed" in printed
+    assert "dbserver1.signals" in printed
 
 
 def test_a_port_no_broker_listens_on_fails_at_once_naming_the_variable_of_the_config_loaded(prefix, tmp_path,
