@@ -44,7 +44,6 @@ class CheckResult:
     status: Status
     detail: str
     field: str
-    seconds: float = 0.0
 
     @property
     def failed(self) -> bool:
@@ -67,22 +66,21 @@ def bounded(check: str, target: str, field: str, probe: Callable[[], str],
     in a daemon thread, left behind if it outlasts the bound: no client library here can be told to stop
     (the process ends without waiting for it)."""
     outcome: list[CheckResult] = []
-    started = time.monotonic()
 
     def run() -> None:
+        status: Status = "ok"
         try:
-            detail, status = probe(), "ok"
+            detail = probe()
         except Exception as error:
             detail, status = first_line(error), "FAILED"
-        outcome.append(CheckResult(check, target, status, detail, field,  # type: ignore[arg-type]
-                                   time.monotonic() - started))
+        outcome.append(CheckResult(check, target, status, detail, field))
 
     worker = threading.Thread(target=run, name=f"preflight-{check}", daemon=True)
     worker.start()
     worker.join(timeout_s)
     if outcome:
         return outcome[0]
-    return CheckResult(check, target, "FAILED", f"no answer within {timeout_s:g} s", field, time.monotonic() - started)
+    return CheckResult(check, target, "FAILED", f"no answer within {timeout_s:g} s", field)
 
 
 def side_by_side(checks: Collection[Callable[[], list[CheckResult]]]) -> list[CheckResult]:

@@ -169,6 +169,24 @@ def test_a_schema_registry_that_is_down_fails_within_the_bound(broker, prefix, t
     assert [r.check for r in results if r.failed] == ["schema registry"]
 
 
+def test_the_schema_registry_check_names_the_subjects_it_lacks(broker, prefix, schema_registry, tmp_path):
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    url = schema_registry.confluent_url
+    text = _yaml(broker.bootstrap_servers, prefix, str(tmp_path / "lake"),
+                 ("inventory.customers", "inventory.products"),
+                 connector_extra=f"    format: avro\n    schema_registry:\n      url: {url}")
+    config, _ = _config(text, tmp_path)
+    client = SchemaRegistryClient({"url": url})
+    value = Schema('{"type": "record", "name": "Value", "fields": [{"name": "id", "type": "int"}]}', "AVRO")
+    client.register_schema(f"{prefix}.inventory.customers-value", value)
+    status, detail, _ = _by_check(run_preflight(config))[("schema registry", url)]
+    assert status == "FAILED" and detail.startswith(f"1 of 2 subject(s) missing: {prefix}.inventory.products-value")
+    client.register_schema(f"{prefix}.inventory.products-value", value)
+    assert _by_check(run_preflight(config))[("schema registry", url)][:2] == (
+        "ok", "answers; holds the 2 subject(s) of the topics")
+
+
 def test_the_preflight_job_runs_the_checks_in_a_dagster_run(broker, prefix, tmp_path):
     config, _ = _config(_yaml(broker.bootstrap_servers, prefix, str(tmp_path / "lake")), tmp_path)
     job = build_definitions(config).get_job_def("cdc_preflight_job")
