@@ -7,6 +7,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 from dagster import DagsterEventType, DagsterInstance
@@ -185,6 +186,31 @@ def test_the_schema_registry_check_names_the_subjects_it_lacks(broker, prefix, s
     client.register_schema(f"{prefix}.inventory.products-value", value)
     assert _by_check(run_preflight(config))[("schema registry", url)][:2] == (
         "ok", "answers; holds the 2 subject(s) of the topics")
+
+
+def test_a_source_signal_channel_is_checked_on_its_database(broker, prefix, postgres, tmp_path, monkeypatch):
+    """The source channel: the database named by dsn_env answers and has the signal table; a table that is not
+    there, and a port no database listens on, fail naming what."""
+    dsn = postgres.create_database(f"pf_{uuid.uuid4().hex[:8]}")
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute("CREATE TABLE public.debezium_signal (id text PRIMARY KEY, type text, data text)")
+    text = _yaml(broker.bootstrap_servers, prefix, str(tmp_path / "lake")).replace(
+        f"      channel: kafka\n      topic: {prefix}.signals",
+        "      channel: source\n      table: public.debezium_signal\n      dsn_env: PREFLIGHT_TEST_DSN")
+    config, _ = _config(text, tmp_path)
+    target = "public.debezium_signal ($PREFLIGHT_TEST_DSN)"
+    monkeypatch.setenv("PREFLIGHT_TEST_DSN", dsn)
+    status, detail, field = _by_check(run_preflight(config))[("signal channel", target)]
+    assert status == "ok" and detail.endswith("answers; public.debezium_signal exists"), detail
+    assert field == "connectors[inventory].signal.dsn_env, .table"
+    config, _ = _config(text.replace("public.debezium_signal", "public.debezium_signals"), tmp_path)
+    status, detail, _ = _by_check(run_preflight(config))[("signal channel", target.replace("signal ", "signals "))]
+    assert status == "FAILED" and 'relation "public.debezium_signals" does not exist' in detail, detail
+    monkeypatch.setenv("PREFLIGHT_TEST_DSN", f"host=127.0.0.1 port={free_port()} dbname=postgres user=nobody")
+    started = time.monotonic()
+    status, detail, _ = _by_check(run_preflight(config))[("signal channel", target.replace("signal ", "signals "))]
+    assert status == "FAILED" and "Connection refused" in detail, detail
+    assert time.monotonic() - started < WHOLE_RUN_BOUND_S
 
 
 def test_the_preflight_job_runs_the_checks_in_a_dagster_run(broker, prefix, tmp_path):
