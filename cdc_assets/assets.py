@@ -184,6 +184,8 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                   log: Callable[[str], None]) -> MaterializeResult:
             return merge_table(chosen[key], limits, peers, config, session, source, writer, key, log)
 
+        if chosen:
+            kafka.check_reachable()  # a wrong address fails here, in a line, before a Spark server starts
         merges = merge_concurrently(chosen, merge, config.concurrent_tables, lambda: spark.spark_session,
                                     kafka.new_source, delta.writer_for)
         reads = RunReads(delta)

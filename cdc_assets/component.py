@@ -9,7 +9,7 @@ Dagster's own ``post_processing`` applies to the assets it builds::
     type: cdc_assets.CdcComponent
     attributes:
       kafka:
-        bootstrap_servers: "{{ env.KAFKA_BOOTSTRAP_SERVERS }}"
+        bootstrap_servers: "{{ env.CDC_KAFKA_BOOTSTRAP_SERVERS }}"
       delta:
         root: /data/delta
       connectors:

@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     create_model,
@@ -360,6 +361,25 @@ class PipelineConfig(_Model):
         "the checks a merge run evaluates: 'blocking' (primary_key; the warnings run with the "
         "freshness checks on freshness_schedule) or 'all'"))
     connectors: list[ConnectorConfig]
+    # Where it was read from, and the environment variables each setting reads (``where_set``).
+    _source: str = PrivateAttr(default="the pipeline config")
+    _env_references: dict[str, tuple[str, ...]] = PrivateAttr(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        """The file (or YAML) the config was read from."""
+        return self._source
+
+    def variables_of(self, field: str) -> tuple[str, ...]:
+        """The environment variables ``field`` (dotted, as in the YAML: ``kafka.bootstrap_servers``) reads."""
+        return self._env_references.get(field, ())
+
+    def where_set(self, field: str) -> str:
+        """Where a user sets ``field``: the field in the file loaded, and the environment variable(s) it reads,
+        for messages that say what to change."""
+        variables = self.variables_of(field)
+        read = f" (read from {', '.join(variables)})" if variables else ""
+        return f"{field} in {self._source}{read}"
 
     @model_validator(mode="after")
     def _unique_connectors(self) -> PipelineConfig:
@@ -425,12 +445,15 @@ def validate_config(data: Any, source: str, root: yaml.Node | None = None,
     each error; ``prefix``: the fields above the config in that YAML (a component's ``attributes``)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the pipeline config must be a mapping with kafka, delta, connectors")
+    references = _env_references(data)
     try:
         data = _interpolate_env(data)
     except KeyError as exc:
         raise ConfigError(f"{source}: {exc.args[0]}") from exc
     try:
-        return PipelineConfig.model_validate(data)
+        config = PipelineConfig.model_validate(data)
+        config._source, config._env_references = source, references
+        return config
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
@@ -440,6 +463,18 @@ def validate_config(data: Any, source: str, root: yaml.Node | None = None,
             where = f"line {line}" if line else "?"
             problems.append(f"{source}:{where}: {field}: {error['msg']}")
         raise ConfigError("invalid pipeline config:\n  " + "\n  ".join(problems)) from None
+
+
+def _env_references(value: Any, path: str = "") -> dict[str, tuple[str, ...]]:
+    """The ``${VAR}`` references of each string setting, by its dotted path (list items by index)."""
+    if isinstance(value, str):
+        names = tuple(match.group("name") for match in _ENV_REFERENCE.finditer(value))
+        return {path: names} if names else {}
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, list) else ()
+    found: dict[str, tuple[str, ...]] = {}
+    for key, item in items:
+        found.update(_env_references(item, f"{path}.{key}" if path else str(key)))
+    return found
 
 
 def _interpolate_env(value: Any) -> Any:

@@ -25,6 +25,7 @@ from jobs import (
     build_freshness_schedule,
     build_merge_job,
     build_merge_schedules,
+    build_preflight_job,
     build_snapshot_schedules,
     incremental_snapshot_job,
     pause_snapshot_job,
@@ -60,7 +61,8 @@ def op_groups(tables: Sequence[CapturedTable], size: int = TABLES_PER_OP) -> lis
 
 def broker_topics(config: PipelineConfig) -> list[str]:
     """The topics of the config's broker, for its connectors' include patterns: one metadata request."""
-    source = KafkaSource(kafka_client_settings(config.kafka))
+    source = KafkaSource(kafka_client_settings(config.kafka),
+                         address_source=config.where_set("kafka.bootstrap_servers"))
     try:
         return source.topics()
     finally:
@@ -126,7 +128,8 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
                 *([build_topic_sources(tables, kafka_settings, translator)] if tables else [])],
         asset_checks=scheduled_ops,
         jobs=[merge_job, ui_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job,
-              resume_snapshot_job, apply_schema_change_job, freshness_job, compaction_job],
+              resume_snapshot_job, apply_schema_change_job, freshness_job, compaction_job,
+              build_preflight_job(config)],
         schedules=[*build_merge_schedules(config, merge_job, tables, kafka_settings, translator),
                    *build_snapshot_schedules(config),
                    build_freshness_schedule(config, freshness_job), build_compaction_schedule(config, compaction_job)],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from dagster import Config, ConfigurableResource, InitResourceContext
+from dagster import Config, ConfigurableResource, Failure, InitResourceContext
 from pydantic import BaseModel, Field, PrivateAttr
 from pyspark.sql import SparkSession
 
@@ -21,6 +21,8 @@ from cdc_assets.config import (
 )
 from cdc_assets.io.delta import DeltaRsWriter, DeltaWriter, select_writer
 from cdc_assets.io.kafka import KafkaSource
+from cdc_assets.io.kafka.errors import DEFAULT_ADDRESS_SOURCE
+from cdc_assets.io.preflight import CheckFailed, tcp_reachable
 from cdc_assets.io.signals import (
     KafkaSignalChannel,
     SignalChannel,
@@ -88,6 +90,10 @@ class KafkaResource(ConfigurableResource):
     """The Kafka connection: the pipeline config's ``kafka`` section. Secrets are named by environment
     variable there and read when a client is made, so Dagster never shows, logs or stores them."""
 
+    address_source: str = Field(default=DEFAULT_ADDRESS_SOURCE, description=(
+        "where bootstrap_servers is set (the config file's field, and the environment variable it reads): what a "
+        "message says to change when no broker answers"))
+
     def as_config(self) -> KafkaConfig:
         """Its pipeline config section."""
         return as_section(self, KafkaConfig)
@@ -100,7 +106,18 @@ class KafkaResource(ConfigurableResource):
         """A Kafka source of the caller's own, to close when done: tables merged side by side each read
         with their own (a source reads one topic at a time)."""
         kafka = self.as_config()
-        return KafkaSource(kafka_client_settings(kafka, require_secrets=True), kafka.retries, kafka.retry_backoff_s)
+        return KafkaSource(kafka_client_settings(kafka, require_secrets=True), kafka.retries, kafka.retry_backoff_s,
+                           self.address_source)
+
+    def check_reachable(self) -> None:
+        """Fail a run before it starts Spark when no broker takes a connection at ``bootstrap_servers``: a
+        ``Failure`` whose message is one line naming the address and where it is set (in milliseconds for a
+        closed port, ``CONNECT_TIMEOUT_S`` for an address that never answers)."""
+        try:
+            tcp_reachable(self.as_config().bootstrap_servers)
+        except CheckFailed as error:
+            raise Failure(description=f"{error}: set the address in {self.address_source}",
+                          allow_retries=False) from None
 
 
 def kafka_client_settings(kafka: KafkaConfig, require_secrets: bool = False) -> dict[str, Any]:
@@ -199,7 +216,7 @@ def build_resources(config: PipelineConfig) -> dict[str, Any]:
     return {
         "spark": SparkResource(**section(config.spark), delta_root=config.delta.root,
                                storage_options=dict(config.delta.storage_options), delta_writer=config.delta.writer),
-        "kafka": KafkaResource(**section(config.kafka)),
+        "kafka": KafkaResource(**section(config.kafka), address_source=config.where_set("kafka.bootstrap_servers")),
         "delta": DeltaResource(**section(config.delta)),
         "signals": SignalsResource(
             connectors={connector.name: ConnectorSignals(**section(connector.signal),

@@ -44,7 +44,8 @@ def make_schema_change_sensor(config: PipelineConfig, table_for: Callable[[str, 
         cursor: dict[str, dict[str, int]] = json.loads(context.cursor) if context.cursor else {}
         requests: list[RunRequest] = []
         problems: list[str] = []
-        source = KafkaSource(kafka_client_settings(config.kafka), retries=0)
+        source = KafkaSource(kafka_client_settings(config.kafka), retries=0,
+                             address_source=config.where_set("kafka.bootstrap_servers"))
         try:
             for connector in config.connectors:
                 topic = connector.topic_prefix

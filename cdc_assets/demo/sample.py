@@ -99,6 +99,9 @@ def sample_topics(t0_ms: int) -> dict[str, tuple[int, list[Record]]]:
 
 
 SAMPLE_TOPICS = sample_topics(_T0)
+# The demo config's signal channel (cdc_assets/demo/pipeline.yaml): made with the sample, empty, as a connector's
+# signal.kafka.topic is, so that the preflight finds it and a snapshot signal has somewhere to go.
+SIGNAL_TOPIC = "dbserver1.signals"
 
 
 def _ensure_topics(admin: AdminClient, partitions: dict[str, int]) -> set[str]:
@@ -138,7 +141,8 @@ def publish_sample(bootstrap_servers: str, now_ms: int | None = None) -> dict[st
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     sample = sample_topics(now_ms - _SAMPLE_AGE_MS)
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    created = _ensure_topics(admin, {topic: partitions for topic, (partitions, _) in sample.items()})
+    created = _ensure_topics(admin, {SIGNAL_TOPIC: 1,
+                                     **{topic: partitions for topic, (partitions, _) in sample.items()}})
     empty = {topic: records for topic, (_, records) in sample.items()
              if topic in created or _events_in(bootstrap_servers, topic) == 0}
     _publish(bootstrap_servers, empty)

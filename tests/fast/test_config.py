@@ -153,3 +153,22 @@ def test_a_run_names_a_kafka_secret_variable_that_is_not_set(monkeypatch):
     resource = KafkaResource(**kafka.model_dump())
     with pytest.raises(MissingSecretError, match="CDC_TEST_UNSET_PASSWORD"):
         resource.client_settings()
+
+
+def test_each_setting_has_one_variable_and_the_address_hint_names_the_config_loaded(tmp_path):
+    """The bundled configs and the docs read the broker's address from one variable (issue 62); what a run says
+    to change when no broker answers names the file loaded and the variable it reads, not the demo's."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for bundled in (DEMO_CONFIG_PATH, root / "docs" / "minimal-pipeline.yaml"):
+        assert load_config(bundled).variables_of("kafka.bootstrap_servers") == ("CDC_KAFKA_BOOTSTRAP_SERVERS",)
+    documented = (root / "docs" / "configuration.md").read_text() + (root / "docs" / "first-hour.md").read_text()
+    assert "${CDC_KAFKA_BOOTSTRAP_SERVERS:-" in documented and "KAFKA_BOOTSTRAP:" not in documented
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(VALID.replace("127.0.0.1:9092", "${MY_BROKERS:-127.0.0.1:9092}"))
+    where = f"kafka.bootstrap_servers in {mine} (read from MY_BROKERS)"
+    assert load_config(mine).where_set("kafka.bootstrap_servers") == where
+    assert build_resources(load_config(mine))["kafka"].address_source == where
+    assert parse_config(VALID, source="inline.yaml").where_set("kafka.bootstrap_servers") == \
+        "kafka.bootstrap_servers in inline.yaml"

@@ -13,9 +13,9 @@ T = TypeVar("T")
 # Errors of a source's first request that mean no broker is there (refused, unresolvable): not retried. A
 # timeout is retried: a broker busy starting up answers late.
 _UNREACHABLE = (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE)
-# Where the address comes from, for the message that says it is wrong.
-_ADDRESS_HINT = ("set the address in the pipeline config's kafka.bootstrap_servers (the demo's config reads it from "
-                 "CDC_KAFKA_BOOTSTRAP_SERVERS)")
+# Where the address comes from, for the message that says it is wrong, when the caller does not know the config
+# (``PipelineConfig.where_set`` says the file and the variable of the config loaded).
+DEFAULT_ADDRESS_SOURCE = "the pipeline config's kafka.bootstrap_servers"
 
 
 class SourceError(RuntimeError):
@@ -31,8 +31,11 @@ class Retrying:
     with exponential backoff from ``backoff_s``; then a clear ``SourceError``. Not retried: an unknown topic,
     and a broker that never answered (a wrong address, or none running: retrying would only hide it)."""
 
-    def __init__(self, bootstrap_servers: str, retries: int, backoff_s: float):
+    def __init__(self, bootstrap_servers: str, retries: int, backoff_s: float,
+                 address_source: str = DEFAULT_ADDRESS_SOURCE):
+        """``address_source``: where a user sets the address (``PipelineConfig.where_set``), for the message."""
         self._bootstrap_servers = bootstrap_servers
+        self._address_source = address_source
         self._retries, self._backoff_s = retries, backoff_s
         self._reached = False  # whether a request was ever answered
 
@@ -51,7 +54,8 @@ class Retrying:
                 error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                 if not self._reached and error is not None and error.code() in _UNREACHABLE:
                     raise SourceError(f"cannot reach Kafka at {self._bootstrap_servers} ({what}: {error.str()}): "
-                                      f"is a broker running there? If not this address, {_ADDRESS_HINT}") from exc
+                                      "is a broker running there? If not this address, set it in "
+                                      f"{self._address_source}") from exc
                 if attempt + 1 == attempts:
                     raise SourceError(f"{what} on Kafka at {self._bootstrap_servers} failed after {attempts} "
                                       f"attempt(s): {exc}") from exc

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from cdc_assets.io.kafka.batch import RAW_SCHEMA, Cut, Decode, RawBatch, ReadRequest
 from cdc_assets.io.kafka.carry import Carry, cut_batch, split
 from cdc_assets.io.kafka.clients import CONSUMER_DEFAULTS, look_up, watermarks
-from cdc_assets.io.kafka.errors import Retrying, SourceError, UnknownTopicError
+from cdc_assets.io.kafka.errors import DEFAULT_ADDRESS_SOURCE, Retrying, SourceError, UnknownTopicError
 from cdc_assets.io.kafka.fetch import Fetch
 from cdc_assets.io.kafka.names import unknown_topic_message
 
@@ -32,16 +32,18 @@ from cdc_assets.io.kafka.names import unknown_topic_message
 class KafkaSource:
     """Reads bounded batches of topics, one topic at a time (a run's worker reuses it across its tables)."""
 
-    def __init__(self, settings: Mapping[str, object], retries: int = 3, backoff_s: float = 1.0):
+    def __init__(self, settings: Mapping[str, object], retries: int = 3, backoff_s: float = 1.0,
+                 address_source: str = DEFAULT_ADDRESS_SOURCE):
         """``retries``: how often a failed metadata or watermark request is tried again, with
-        exponential backoff from ``backoff_s``, before the batch fails naming broker and topic."""
+        exponential backoff from ``backoff_s``, before the batch fails naming broker and topic;
+        ``address_source``: where the broker's address is set, for the message when none answers there."""
         self._settings = {**CONSUMER_DEFAULTS, **settings}
         self._consumer: Consumer | None = None
         self._topic: str | None = None  # what the fetching consumer last read
         # Watermarks (and metadata asked outside a read) go through a client of their own: a broker serves
         # one request of a connection at a time, so each would wait behind the fetching consumer's fetch.
         self._lookup: Consumer | None = None
-        self._retrying = Retrying(self.bootstrap_servers, retries, backoff_s)
+        self._retrying = Retrying(self.bootstrap_servers, retries, backoff_s, address_source)
         # The partitions assigned (fetching), each with the offset it was assigned at.
         self._assigned_at: dict[int, int] = {}
         self._reader: ThreadPoolExecutor | None = None
