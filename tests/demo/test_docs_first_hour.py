@@ -95,6 +95,12 @@ def test_the_tour_and_the_first_hour_run_as_written(tmp_path):
         dagster_env = {**env, "PYTHONPATH": str(ROOT), "DAGSTER_HOME": str(state / "dagster_home"),
                        "CDC_KAFKA_BOOTSTRAP_SERVERS": running["bootstrap_servers"],
                        "CDC_DELTA_ROOT": str(state / "delta")}
+        # The README's preflight passes on the running demo (its broker at the address the demo chose).
+        for _, code in doc_blocks(ROOT / "README.md", "Check before the first run"):
+            preflight = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=ROOT, env=dagster_env,
+                                       capture_output=True, text=True, timeout=300)
+            assert preflight.returncode == 0, f"{code}\n{preflight.stdout[-3000:]}\n{preflight.stderr[-3000:]}"
+            assert "FAILED" not in preflight.stdout and " ok " in preflight.stdout, preflight.stdout
         checks = subprocess.run([str(Path(sys.executable).parent / "dagster"), "job", "execute", "-m",
                                  "cdc_assets.definitions", "-j", "cdc_freshness_job"], cwd=ROOT, env=dagster_env,
                                 capture_output=True, text=True, timeout=600)
