@@ -30,6 +30,8 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
+from cdc_assets.core.columns import EVERY_COLUMN, ColumnChoices
+from cdc_assets.core.layout import DOCUMENT_KINDS
 from cdc_assets.io.signals import DEFAULT_DEBEZIUM_VERSION
 from cdc_assets.io.storage import check_storage
 
@@ -169,6 +171,14 @@ class TableConfig(_Model):
     consistency: Literal["event", "transaction"] | None = Field(
         default=None, description="transaction: apply only whole transactions (default when the connector has "
                                   "transaction metadata on)")
+    include_columns: list[str] | None = Field(
+        default=None, description="the columns the Delta table keeps besides its key columns (default: every one)")
+    exclude_columns: list[str] = Field(
+        default_factory=list, description="columns the Delta table never keeps (a key column is always kept); a "
+                                          "schema change adding one adds nothing")
+    ignore_null_updates: bool | list[str] = Field(
+        default=False, description="true (every column) or a list of columns: a null in an update (op u) keeps "
+                                   "the value the table holds; a delete still deletes, a create writes its nulls")
 
     @field_validator("name")
     @classmethod
@@ -183,6 +193,43 @@ class TableConfig(_Model):
         if keys is not None and not keys:
             raise ValueError("key_columns must name at least one column")
         return keys
+
+    @field_validator("include_columns", "exclude_columns", "ignore_null_updates")
+    @classmethod
+    def _named_once(cls, names: Any, info: ValidationInfo) -> Any:
+        if isinstance(names, list):
+            if not names and info.field_name != "exclude_columns":
+                raise ValueError(f"{info.field_name} must name at least one column")
+            duplicates = sorted({name for name in names if names.count(name) > 1})
+            if duplicates:
+                raise ValueError(f"{info.field_name} names columns more than once: {duplicates}")
+        return names
+
+    @model_validator(mode="after")
+    def _consistent_column_choices(self) -> TableConfig:
+        if self.include_columns is not None and self.exclude_columns:
+            raise ValueError("include_columns and exclude_columns exclude each other: name the columns kept, or "
+                             "those left out")
+        choices = self.column_choices
+        problem = choices.key_problem(self.key_columns or ())
+        if problem:
+            raise ValueError(problem)
+        if isinstance(self.ignore_null_updates, list):
+            keys = [name for name in self.ignore_null_updates if name in (self.key_columns or ())]
+            if keys:
+                raise ValueError(f"ignore_null_updates names key column(s) {keys}: a key is never null")
+            dropped = [name for name in self.ignore_null_updates if not choices.keeps(name)]
+            if dropped:
+                raise ValueError(f"ignore_null_updates names column(s) {dropped} that the table does not keep "
+                                 "(include_columns / exclude_columns)")
+        return self
+
+    @property
+    def column_choices(self) -> ColumnChoices:
+        """The table's column choices (``core.columns``)."""
+        nulls = self.ignore_null_updates
+        return ColumnChoices(tuple(self.include_columns) if self.include_columns is not None else None,
+                             tuple(self.exclude_columns), tuple(nulls) if isinstance(nulls, list) else nulls)
 
 
 class SignalConfig(_Model):
@@ -314,6 +361,10 @@ class ConnectorConfig(_Model):
                 apply_mode(table.apply_mode, self.kind)  # refuses a mode the connector's rows cannot take
             except ValueError as exc:
                 raise ValueError(f"connector '{self.name}', table '{table.name}': {exc}") from None
+            if self.kind in DOCUMENT_KINDS and table.column_choices != EVERY_COLUMN:
+                raise ValueError(f"connector '{self.name}', table '{table.name}': column choices (include_columns, "
+                                 f"exclude_columns, ignore_null_updates) are for columns, and {self.kind} rows are "
+                                 "whole documents")
         if self.snapshot_schedules and self.signal is None:
             raise ValueError(f"connector '{self.name}' has snapshot_schedules but no signal channel")
         return self

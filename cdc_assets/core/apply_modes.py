@@ -14,7 +14,7 @@ change's create the old key's (``keep_unavailable``, ``core.key_changes``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import ClassVar, Literal
@@ -100,8 +100,9 @@ class ApplyMode(ABC):
     def rows(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows) -> tuple[pa.Table, BatchSummary]:
         """The rows to MERGE from a batch's decoded events, and the batch summary; no placeholder left."""
         rows, summary = self._fold(decoded, layout, stored)
+        ignored_only = [name for name in layout.ignored_nulls if name not in layout.unavailable_tests]
         rows, summary = keep_unavailable(rows, summary, layout.key_columns, stored, self.current_column,
-                                         KeyChanges(decoded, layout))
+                                         KeyChanges(decoded, layout), ignored_only)
         return self._finish(rows), summary
 
     def _fold(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows
@@ -311,13 +312,15 @@ def _good_keys(decoded: DataFrame, layout: ChangeEventLayout) -> pa.Table:
 
 
 def keep_unavailable(rows: pa.Table, summary: BatchSummary, key_columns: Sequence[str], stored: StoredRows,
-                     current_column: str | None = None, key_changes: KeyChanges | None = None
-                     ) -> tuple[pa.Table, BatchSummary]:
+                     current_column: str | None = None, key_changes: KeyChanges | None = None,
+                     ignored_nulls: Collection[str] = ()) -> tuple[pa.Table, BatchSummary]:
     """Give the values the batch left unavailable (the placeholder: unchanged, and no event of the
     batch knew them) the value the table holds for the key (with ``current_column``: its current
     version's); for a primary-key change's create (``_cdc_origin``), the old key's value, known in the
     batch or held by the table (``key_changes``). Where the table has no row for the key the value was
-    never captured and stays null, counted in the summary."""
+    never captured and stays null, counted in the summary. The columns ``ignored_nulls`` (an update's
+    null left unchanged, never the placeholder) are filled alike, and counted apart: a null written
+    where the table had no row is the update's own value, not one lost."""
     if UNAVAILABLE_COLUMN not in rows.column_names:
         return rows, summary
     left = rows[UNAVAILABLE_COLUMN]
@@ -343,7 +346,7 @@ def keep_unavailable(rows: pa.Table, summary: BatchSummary, key_columns: Sequenc
                 assert isinstance(found, tuple)
                 wanted.append((row, name, found))
             else:
-                never_seen += 1
+                never_seen += name not in ignored_nulls
     if wanted:
         lookup = list(dict.fromkeys(key for _, _, key in wanted))
         names = sorted({name for _, name, _ in wanted})
@@ -355,8 +358,12 @@ def keep_unavailable(rows: pa.Table, summary: BatchSummary, key_columns: Sequenc
         for row, name, key in wanted:
             stored_row = found_by_key.get(key)
             if stored_row is None:
-                never_seen += 1
-            else:
+                never_seen += name not in ignored_nulls
+            elif name not in ignored_nulls:
                 row[name], kept = stored_row[name], kept + 1
+            else:
+                row[name] = stored_row[name]
+    nulls = sum(name in ignored_nulls for unknown in lists for name in unknown)
     rows = pa.concat_tables([rows.filter(pc.invert(pending)), pa.Table.from_pylist(filled, schema=rows.schema)])
-    return rows, replace(summary, unavailable_kept=kept, unavailable_never_seen=never_seen)
+    return rows, replace(summary, unavailable_kept=kept, unavailable_never_seen=never_seen,
+                         null_updates_from_table=nulls)

@@ -59,7 +59,7 @@ def _carried_values(data: Sequence[str], layout: ChangeEventLayout, by_key: Wind
     knows none); where none did, ``_cdc_unavailable`` lists it, for the pipeline to carry the table's
     current version's, or, after a primary-key change's create (``core.key_changes``), the old key's:
     ``_cdc_origin`` names that create's source position, and values known before it are an earlier row's."""
-    unavailable = [name for name in layout.unavailable_tests if name in data]
+    unavailable = [name for name in layout.unchanged_columns if name in data]
     if not unavailable:
         return [F.col(name) for name in data], []
     so_far = by_key.rowsBetween(Window.unboundedPreceding, Window.currentRow)
