@@ -28,7 +28,14 @@ from pyspark.sql import types as T
 from cdc_assets.core.arrow import to_arrow
 from cdc_assets.core.envelope import ERROR_COLUMN, TRUNCATE_OP
 from cdc_assets.core.fold import BadEvent, BatchSummary, fold_batch
-from cdc_assets.core.history import CLOSE_AT_COLUMN, CLOSE_TS_COLUMN, KIND_COLUMN, history_versions, latest_positions
+from cdc_assets.core.history import (
+    CLOSE_AT_COLUMN,
+    CLOSE_TS_COLUMN,
+    IN_PLACE_COLUMN,
+    KIND_COLUMN,
+    history_versions,
+    latest_positions,
+)
 from cdc_assets.core.key_changes import ORIGIN_COLUMN, KeyChanges
 from cdc_assets.core.layout import (
     CURRENT_COLUMN,
@@ -216,12 +223,18 @@ class Scd2(ApplyMode):
             _, summary = fold_batch(decoded, layout)
             keyed = decoded.where(F.col(OP_COLUMN) != TRUNCATE_OP)  # a TRUNCATE has no key: never a version
             keys = _good_keys(keyed, layout)
-            versions = stored(keys, [*layout.key_columns, VALID_FROM_COLUMN, VALID_TO_COLUMN]) if keys.num_rows \
-                else None
-            latest = None
+            # Where columns' history is not tracked, the current versions' tracked values and starts too.
+            held = [CURRENT_COLUMN, VALID_FROM_TS_COLUMN, *[name for name in layout.row_type.fieldNames()
+                                                             if name not in (*layout.key_columns, *layout.untracked)]]
+            columns = [*layout.key_columns, VALID_FROM_COLUMN, VALID_TO_COLUMN, POSITION_COLUMN,
+                       *(held if layout.untracked else [])]
+            versions = stored(keys, columns) if keys.num_rows else None
+            latest = current = None
             if versions is not None and versions.num_rows:
-                latest = latest_positions(decoded.sparkSession.createDataFrame(versions), layout.key_columns)
-            return to_arrow(history_versions(keyed, layout, latest)), summary
+                frame = decoded.sparkSession.createDataFrame(versions)
+                latest = latest_positions(frame, layout.key_columns)
+                current = frame.where(F.col(CURRENT_COLUMN)) if layout.untracked else None
+            return to_arrow(history_versions(keyed, layout, latest, current)), summary
         finally:
             decoded.unpersist()
 
@@ -244,8 +257,14 @@ class Scd2(ApplyMode):
             truncated = [Clause("update", f"{ended} AND (t.{CURRENT_COLUMN} OR t.{VALID_TO_COLUMN} > {at})",
                                 {VALID_TO_COLUMN: at, VALID_TO_TS_COLUMN: ts, CURRENT_COLUMN: "false"})]
         every_column = {quote(name): f"s.{quote(name)}" for name in columns if not name.startswith(HELPER_PREFIX)}
-        return MergePlan(condition, [Clause("update", f"s.{KIND_COLUMN} = 'close'", close)],
-                         [Clause("insert", f"s.{KIND_COLUMN} = 'version'", every_column)], truncated)
+        matched = [Clause("update", f"s.{KIND_COLUMN} = 'close'", close)]
+        if IN_PLACE_COLUMN in columns:
+            # A change confined to untracked columns: the current version takes it, keeping its start.
+            starts = {quote(VALID_FROM_COLUMN), quote(VALID_FROM_TS_COLUMN)}
+            matched.append(Clause("update", f"s.{KIND_COLUMN} = 'version' AND s.{IN_PLACE_COLUMN}",
+                                  {name: value for name, value in every_column.items() if name not in starts}))
+        return MergePlan(condition, matched, [Clause("insert", f"s.{KIND_COLUMN} = 'version'", every_column)],
+                         truncated)
 
 
 class Documents(ApplyMode):

@@ -1,12 +1,14 @@
 """Per-table column choices (Databricks AUTO CDC's column lists): which columns the Delta table keeps
-(``include_columns`` / ``exclude_columns``) and which columns an update's null leaves unchanged
-(``ignore_null_updates``).
+(``include_columns`` / ``exclude_columns``), which columns an update's null leaves unchanged
+(``ignore_null_updates``) and, in scd2, which columns' changes open a new version (``track_history_columns`` /
+``track_history_except_columns``).
 
 They act on a table's layout (``core.layout``), once the batch's events show its columns: the columns
 not kept leave the row type, so no rule downstream decodes, folds, merges or adds them; a column whose
 update nulls are ignored is listed in ``ChangeEventLayout.ignored_nulls``, and the decode marks such a
 null as the unavailable-value placeholder is marked, so the fold, scd2's versions and the pipeline
-carry the earlier value exactly as they carry a placeholder's (``core.apply_modes.keep_unavailable``).
+carry the earlier value exactly as they carry a placeholder's (``core.apply_modes.keep_unavailable``); the
+columns whose history is not tracked are ``ChangeEventLayout.untracked``, for scd2's versions (``core.history``).
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ class ColumnChoices:
     include: tuple[str, ...] | None = None  # the columns kept besides the keys (None: every one)
     exclude: tuple[str, ...] = ()  # the columns never kept
     ignore_null_updates: bool | tuple[str, ...] = False  # True: every non-key column
+    track_history: tuple[str, ...] | None = None  # scd2: the columns whose change opens a version (None: all)
+    track_history_except: tuple[str, ...] = ()  # scd2: the columns whose change alone updates the version
 
     @property
     def named(self) -> tuple[str, ...]:
         """Every column the choices name, in the order written."""
         listed = self.ignore_null_updates if isinstance(self.ignore_null_updates, tuple) else ()
-        return tuple(dict.fromkeys([*(self.include or ()), *self.exclude, *listed]))
+        return tuple(dict.fromkeys([*(self.include or ()), *self.exclude, *listed, *(self.track_history or ()),
+                                    *self.track_history_except]))
 
     def keeps(self, name: str, key_columns: Iterable[str] = ()) -> bool:
         """Whether the table keeps column ``name`` (a key column always)."""
@@ -71,7 +76,11 @@ class ColumnChoices:
             ignored = tuple(carried)
         else:
             ignored = tuple(name for name in self.ignore_null_updates or () if name in carried)
-        return replace(layout, row_type=row_type, ignored_nulls=ignored,
+        if self.track_history is not None:
+            untracked = tuple(name for name in carried if name not in self.track_history)
+        else:
+            untracked = tuple(name for name in carried if name in self.track_history_except)
+        return replace(layout, row_type=row_type, ignored_nulls=ignored, untracked=untracked,
                        logical_types={name: spec for name, spec in layout.logical_types.items()
                                       if name in row_type.fieldNames() or name in layout.key_columns})
 

@@ -72,6 +72,8 @@ class ChangeEventLayout:
     placeholder: str | None = None  # the connector's unavailable.value.placeholder, for kinds that send it
     # Row columns whose null in an update means "unchanged", as the placeholder does (``core.columns``).
     ignored_nulls: tuple[str, ...] = ()
+    # scd2: row columns whose change alone updates the current version in place (``core.columns``).
+    untracked: tuple[str, ...] = ()
 
     @property
     def documents(self) -> bool:

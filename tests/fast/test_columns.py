@@ -9,12 +9,13 @@ from pyspark.sql import types as T
 
 from cdc_assets.catalog import resolve_tables
 from cdc_assets.config import ConfigError, parse_config
-from cdc_assets.core.apply_modes import keep_unavailable
+from cdc_assets.core.apply_modes import apply_mode, keep_unavailable
 from cdc_assets.core.columns import EVERY_COLUMN, ColumnChoices
 from cdc_assets.core.fold import BatchSummary
 from cdc_assets.core.layout import ChangeEventLayout, LayoutError
 from cdc_assets.core.schema_change import TableChange
 from cdc_assets.core.schema_evolution import AnnouncedChange, RegistryEntry, incarnation_columns, plan_evolution
+from cdc_assets.io.delta import quote_spark
 
 CONFIG = """\
 kafka: {bootstrap_servers: 127.0.0.1:9092}
@@ -51,11 +52,22 @@ def test_the_choices_reach_the_captured_table():
     ("        ignore_null_updates: [id]", r"ignore_null_updates names key column\(s\) \['id'\]"),
     ("        exclude_columns: [a]\n        ignore_null_updates: [a]", r"does not keep"),
     ("        include_columns: [a]\n        ignore_null_updates: [b]", r"\['b'\] that the table does not keep"),
+    ("        track_history_columns: [a]", "are for apply_mode scd2 \\(this table's is scd1\\)"),
+    ("        apply_mode: scd2\n        track_history_columns: [a]\n        track_history_except_columns: [b]",
+     "track_history_columns and track_history_except_columns exclude each other"),
+    ("        apply_mode: scd2\n        on_truncate: apply\n        track_history_columns: [a]", "on_truncate: apply"),
+    ("        apply_mode: scd2\n        track_history_except_columns: [id]", r"names key column\(s\) \['id'\]"),
+    ("        apply_mode: scd2\n        exclude_columns: [a]\n        track_history_columns: [a]", "does not keep"),
 ])
 def test_inconsistent_choices_are_refused_at_load_naming_the_line(choices, problem):
     with pytest.raises(ConfigError, match=problem) as error:
         config(choices)
     assert "connectors.0.tables.0" in str(error.value) and "line " in str(error.value)
+
+
+def test_scd2_choices_reach_the_captured_table():
+    [table] = resolve_tables(config("        apply_mode: scd2\n        track_history_except_columns: [seen_at]"))
+    assert table.column_choices == ColumnChoices(track_history_except=("seen_at",))
 
 
 def test_documents_take_no_column_choices():
@@ -74,6 +86,27 @@ def test_a_layout_keeps_the_chosen_columns_and_lists_the_ignored_nulls():
     narrowed = ColumnChoices(include=("email",), ignore_null_updates=("email",)).applied_to(LAYOUT)
     assert narrowed.row_type.fieldNames() == ["id", "email"] and narrowed.ignored_nulls == ("email",)
     assert EVERY_COLUMN.applied_to(LAYOUT) is LAYOUT
+
+
+def test_the_untracked_columns_are_the_kept_ones_not_tracked():
+    assert ColumnChoices(track_history=("name",)).applied_to(LAYOUT).untracked == ("ssn", "email")
+    assert ColumnChoices(exclude=("ssn",), track_history_except=("email",)).applied_to(LAYOUT).untracked == (
+        "email",)
+    with pytest.raises(LayoutError, match=r"\['phone'\]"):
+        ColumnChoices(track_history=("phone",)).applied_to(LAYOUT)
+
+
+def test_scd2_updates_the_current_version_in_place_only_where_versions_say_so():
+    columns = ["id", "v", "_cdc_op", "_cdc_position", "_cdc_valid_from", "_cdc_valid_from_ts", "_cdc_valid_to",
+               "_cdc_current", "_merge_kind", "_merge_close_at", "_merge_in_place"]
+    plan = apply_mode("scd2").merge_plan(["id"], columns, quote_spark)
+    close, in_place = plan.matched
+    assert close.predicate == "s._merge_kind = 'close'"
+    assert in_place.predicate == "s._merge_kind = 'version' AND s._merge_in_place"
+    assert list(in_place.assignments or {}) == ["`id`", "`v`", "`_cdc_op`", "`_cdc_position`", "`_cdc_valid_to`",
+                                                 "`_cdc_current`"]  # the version keeps its start
+    untracked = apply_mode("scd2").merge_plan(["id"], [c for c in columns if c != "_merge_in_place"], quote_spark)
+    assert len(untracked.matched) == 1
 
 
 def test_an_unknown_column_is_refused_only_where_the_events_show_the_columns():
