@@ -199,6 +199,9 @@ class Scd2(ApplyMode):
     versions are inserted once, keyed by ``_cdc_valid_from``, and per-key close markers end the
     current version when the batch's first event is newer.
 
+    Where some columns' history is not tracked (``ChangeEventLayout.untracked``), a change confined to them
+    updates the current version in place, and the versions carry ``_cdc_position`` (``core.history``).
+
     Its MERGE does not evolve the schema: the source also carries the close markers' helper columns,
     which evolution would add to the table. Its fold reads the table (each key's latest position)."""
 

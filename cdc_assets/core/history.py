@@ -7,7 +7,8 @@
   ``_cdc_current`` (no later event in the batch);
 - close markers (``_merge_kind = 'close'``), one per key, carrying the key's first position in the
   batch: the MERGE ends the table's current version of that key there, when it is older.
-A delete produces no version: it ends the previous one.
+A delete produces no version: it ends the previous one. Where some columns' history is not tracked
+(``track_history_columns``), only a change to a tracked column opens a version (``_tracked_versions``).
 
 Reads are position-guarded as in the other modes: an event not newer than the key's latest position
 (in the table, ``latest_positions``, or earlier in the topic) changes nothing, so a late event (an
