@@ -16,6 +16,7 @@ from cdc_assets.config import (
     TableConfig,
 )
 from cdc_assets.core.apply_modes import ApplyMode, ApplyModeName, apply_mode
+from cdc_assets.core.columns import EVERY_COLUMN, ColumnChoices
 from cdc_assets.core.schema_evolution import RegistryEntry
 from cdc_assets.io.avro import SchemaRegistrySettings
 from cdc_assets.io.delta import DeltaTarget
@@ -51,6 +52,7 @@ class CapturedTable:
     checks_after_merge: ChecksAfterMerge = "blocking"  # the pipeline's: which checks its merge runs evaluate
     automation: str = "eager"  # how Dagster's declarative automation merges it (config: automation)
     schema_registry: SchemaRegistrySettings | None = None  # the connector's format is avro: its schemas
+    column_choices: ColumnChoices = EVERY_COLUMN  # the columns kept, and the update nulls ignored
 
     @property
     def app_id(self) -> str:
@@ -138,6 +140,7 @@ def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: T
         on_truncate=table.on_truncate,
         automation=table.automation or connector.automation,
         schema_registry=schema_registry_settings(connector),
+        column_choices=table.column_choices,
     )
 
 

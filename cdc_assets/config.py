@@ -31,6 +31,8 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
+from cdc_assets.core.columns import EVERY_COLUMN, ColumnChoices
+from cdc_assets.core.layout import DOCUMENT_KINDS
 from cdc_assets.io.signals import DEFAULT_DEBEZIUM_VERSION
 from cdc_assets.io.storage import check_storage
 
@@ -170,6 +172,20 @@ class TableConfig(_Model):
     consistency: Literal["event", "transaction"] | None = Field(
         default=None, description="transaction: apply only whole transactions (default when the connector has "
                                   "transaction metadata on)")
+    include_columns: list[str] | None = Field(
+        default=None, description="the columns the Delta table keeps besides its key columns (default: every one)")
+    exclude_columns: list[str] = Field(
+        default_factory=list, description="columns the Delta table never keeps (a key column is always kept); a "
+                                          "schema change adding one adds nothing")
+    ignore_null_updates: bool | list[str] = Field(
+        default=False, description="true (every column) or a list of columns: a null in an update (op u) keeps "
+                                   "the value the table holds; a delete still deletes, a create writes its nulls")
+    track_history_columns: list[str] | None = Field(
+        default=None, description="scd2: the columns whose change opens a new version (default: every one); a "
+                                  "change confined to the others updates the current version in place")
+    track_history_except_columns: list[str] = Field(
+        default_factory=list, description="scd2: the columns whose change alone updates the current version in "
+                                          "place (instead of track_history_columns)")
 
     @field_validator("name")
     @classmethod
@@ -184,6 +200,60 @@ class TableConfig(_Model):
         if keys is not None and not keys:
             raise ValueError("key_columns must name at least one column")
         return keys
+
+    @field_validator("include_columns", "exclude_columns", "ignore_null_updates", "track_history_columns",
+                     "track_history_except_columns")
+    @classmethod
+    def _named_once(cls, names: Any, info: ValidationInfo) -> Any:
+        if isinstance(names, list):
+            if not names and info.field_name not in ("exclude_columns", "track_history_except_columns"):
+                raise ValueError(f"{info.field_name} must name at least one column")
+            duplicates = sorted({name for name in names if names.count(name) > 1})
+            if duplicates:
+                raise ValueError(f"{info.field_name} names columns more than once: {duplicates}")
+        return names
+
+    @model_validator(mode="after")
+    def _consistent_column_choices(self) -> TableConfig:
+        if self.include_columns is not None and self.exclude_columns:
+            raise ValueError("include_columns and exclude_columns exclude each other: name the columns kept, or "
+                             "those left out")
+        tracking = {"track_history_columns": self.track_history_columns or [],
+                    "track_history_except_columns": self.track_history_except_columns}
+        if self.track_history_columns is not None and self.track_history_except_columns:
+            raise ValueError("track_history_columns and track_history_except_columns exclude each other: name the "
+                             "columns whose history is kept, or those whose is not")
+        if any(tracking.values()) and self.apply_mode != "scd2":
+            raise ValueError(f"track_history_columns / track_history_except_columns are for apply_mode scd2 (this "
+                             f"table's is {self.apply_mode})")
+        if any(tracking.values()) and self.on_truncate == "apply":
+            # The current version a change updates in place may be one that the batch's TRUNCATE ends.
+            raise ValueError("track_history_columns / track_history_except_columns do not go with on_truncate: "
+                             "apply yet: use halt or ignore")
+        choices = self.column_choices
+        problem = choices.key_problem(self.key_columns or ())
+        if problem:
+            raise ValueError(problem)
+        nulls = self.ignore_null_updates if isinstance(self.ignore_null_updates, list) else []
+        for field, names in {"ignore_null_updates": nulls, **tracking}.items():
+            keys = [name for name in names if name in (self.key_columns or ())]
+            if keys:
+                raise ValueError(f"{field} names key column(s) {keys}: a key never changes in an update")
+            dropped = [name for name in names if not choices.keeps(name)]
+            if dropped:
+                raise ValueError(f"{field} names column(s) {dropped} that the table does not keep "
+                                 "(include_columns / exclude_columns)")
+        return self
+
+    @property
+    def column_choices(self) -> ColumnChoices:
+        """The table's column choices (``core.columns``)."""
+        nulls = self.ignore_null_updates
+        tracked = self.track_history_columns
+        return ColumnChoices(tuple(self.include_columns) if self.include_columns is not None else None,
+                             tuple(self.exclude_columns), tuple(nulls) if isinstance(nulls, list) else nulls,
+                             tuple(tracked) if tracked is not None else None,
+                             tuple(self.track_history_except_columns))
 
 
 class SignalConfig(_Model):
@@ -315,6 +385,10 @@ class ConnectorConfig(_Model):
                 apply_mode(table.apply_mode, self.kind)  # refuses a mode the connector's rows cannot take
             except ValueError as exc:
                 raise ValueError(f"connector '{self.name}', table '{table.name}': {exc}") from None
+            if self.kind in DOCUMENT_KINDS and table.column_choices != EVERY_COLUMN:
+                raise ValueError(f"connector '{self.name}', table '{table.name}': column choices (include_columns, "
+                                 f"exclude_columns, ignore_null_updates, track_history_*) are for columns, and "
+                                 f"{self.kind} rows are whole documents")
         if self.snapshot_schedules and self.signal is None:
             raise ValueError(f"connector '{self.name}' has snapshot_schedules but no signal channel")
         return self

@@ -137,15 +137,15 @@ class SchemaChangeRun:
                     table, f"the RENAME COLUMN at {announced.source_position}")
             if change.renamed_from:
                 metadata.update(self._take_over(announced, target))
-            metadata.update(self._evolve(announced, history, target))
+            metadata.update(self._evolve(announced, history, target, table))
         append_change(registry_path, storage_options, row)
         return metadata
 
-    def _evolve(self, announced: AnnouncedChange, history: list[RegistryEntry], target: DeltaTarget
-                ) -> dict[str, Any]:
-        """Create or evolve the table to its changes' columns (``plan_evolution``)."""
+    def _evolve(self, announced: AnnouncedChange, history: list[RegistryEntry], target: DeltaTarget,
+                table: CapturedTable) -> dict[str, Any]:
+        """Create or evolve the table to its changes' columns that it keeps (``plan_evolution``)."""
         before = self._writer.table_schema(target)
-        plan = plan_evolution(announced, history, before, table_properties(target) or {})
+        plan = plan_evolution(announced, history, before, table_properties(target) or {}, table.column_choices)
         changed = self._writer.ensure_columns(target, _arrow(plan.columns), plan.properties) \
             if plan.alters_table else []
         # Rows last changed before the rename hold their value under the old name: the new one gets it, so a
@@ -199,7 +199,7 @@ class SchemaChangeRun:
         old_schema = self._writer.table_schema(target)
         assert old_schema is not None  # ``holds_rows_from_before`` found the table
         self._writer.ensure_columns(aside, _arrow(old_schema), {RETIRED_PROPERTY: "true"})
-        self._writer.empty_table(target, _arrow(incarnation_columns(history, table.apply_mode)),
+        self._writer.empty_table(target, _arrow(incarnation_columns(history, table.apply_mode, table.column_choices)),
                                  incarnation_properties(drop, earlier, aside.path))
         self._log.info(f"{table.name} was dropped at {drop.source_position} and created again: its {rows} rows "
                        f"from before are now at {aside.path} (retired); the table starts empty")

@@ -14,7 +14,7 @@ change's create the old key's (``keep_unavailable``, ``core.key_changes``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import ClassVar, Literal
@@ -28,7 +28,14 @@ from pyspark.sql import types as T
 from cdc_assets.core.arrow import to_arrow
 from cdc_assets.core.envelope import ERROR_COLUMN, TRUNCATE_OP
 from cdc_assets.core.fold import BadEvent, BatchSummary, fold_batch
-from cdc_assets.core.history import CLOSE_AT_COLUMN, CLOSE_TS_COLUMN, KIND_COLUMN, history_versions, latest_positions
+from cdc_assets.core.history import (
+    CLOSE_AT_COLUMN,
+    CLOSE_TS_COLUMN,
+    IN_PLACE_COLUMN,
+    KIND_COLUMN,
+    history_versions,
+    latest_positions,
+)
 from cdc_assets.core.key_changes import ORIGIN_COLUMN, KeyChanges
 from cdc_assets.core.layout import (
     CURRENT_COLUMN,
@@ -100,8 +107,9 @@ class ApplyMode(ABC):
     def rows(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows) -> tuple[pa.Table, BatchSummary]:
         """The rows to MERGE from a batch's decoded events, and the batch summary; no placeholder left."""
         rows, summary = self._fold(decoded, layout, stored)
+        ignored_only = [name for name in layout.ignored_nulls if name not in layout.unavailable_tests]
         rows, summary = keep_unavailable(rows, summary, layout.key_columns, stored, self.current_column,
-                                         KeyChanges(decoded, layout))
+                                         KeyChanges(decoded, layout), ignored_only)
         return self._finish(rows), summary
 
     def _fold(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows
@@ -191,6 +199,9 @@ class Scd2(ApplyMode):
     versions are inserted once, keyed by ``_cdc_valid_from``, and per-key close markers end the
     current version when the batch's first event is newer.
 
+    Where some columns' history is not tracked (``ChangeEventLayout.untracked``), a change confined to them
+    updates the current version in place, and the versions carry ``_cdc_position`` (``core.history``).
+
     Its MERGE does not evolve the schema: the source also carries the close markers' helper columns,
     which evolution would add to the table. Its fold reads the table (each key's latest position)."""
 
@@ -215,12 +226,18 @@ class Scd2(ApplyMode):
             _, summary = fold_batch(decoded, layout)
             keyed = decoded.where(F.col(OP_COLUMN) != TRUNCATE_OP)  # a TRUNCATE has no key: never a version
             keys = _good_keys(keyed, layout)
-            versions = stored(keys, [*layout.key_columns, VALID_FROM_COLUMN, VALID_TO_COLUMN]) if keys.num_rows \
-                else None
-            latest = None
+            # Where columns' history is not tracked, the current versions' tracked values and starts too.
+            held = [CURRENT_COLUMN, VALID_FROM_TS_COLUMN, *[name for name in layout.row_type.fieldNames()
+                                                             if name not in (*layout.key_columns, *layout.untracked)]]
+            columns = [*layout.key_columns, VALID_FROM_COLUMN, VALID_TO_COLUMN, POSITION_COLUMN,
+                       *(held if layout.untracked else [])]
+            versions = stored(keys, columns) if keys.num_rows else None
+            latest = current = None
             if versions is not None and versions.num_rows:
-                latest = latest_positions(decoded.sparkSession.createDataFrame(versions), layout.key_columns)
-            return to_arrow(history_versions(keyed, layout, latest)), summary
+                frame = decoded.sparkSession.createDataFrame(versions)
+                latest = latest_positions(frame, layout.key_columns)
+                current = frame.where(F.col(CURRENT_COLUMN)) if layout.untracked else None
+            return to_arrow(history_versions(keyed, layout, latest, current)), summary
         finally:
             decoded.unpersist()
 
@@ -243,8 +260,14 @@ class Scd2(ApplyMode):
             truncated = [Clause("update", f"{ended} AND (t.{CURRENT_COLUMN} OR t.{VALID_TO_COLUMN} > {at})",
                                 {VALID_TO_COLUMN: at, VALID_TO_TS_COLUMN: ts, CURRENT_COLUMN: "false"})]
         every_column = {quote(name): f"s.{quote(name)}" for name in columns if not name.startswith(HELPER_PREFIX)}
-        return MergePlan(condition, [Clause("update", f"s.{KIND_COLUMN} = 'close'", close)],
-                         [Clause("insert", f"s.{KIND_COLUMN} = 'version'", every_column)], truncated)
+        matched = [Clause("update", f"s.{KIND_COLUMN} = 'close'", close)]
+        if IN_PLACE_COLUMN in columns:
+            # A change confined to untracked columns: the current version takes it, keeping its start.
+            starts = {quote(VALID_FROM_COLUMN), quote(VALID_FROM_TS_COLUMN)}
+            matched.append(Clause("update", f"s.{KIND_COLUMN} = 'version' AND s.{IN_PLACE_COLUMN}",
+                                  {name: value for name, value in every_column.items() if name not in starts}))
+        return MergePlan(condition, matched, [Clause("insert", f"s.{KIND_COLUMN} = 'version'", every_column)],
+                         truncated)
 
 
 class Documents(ApplyMode):
@@ -311,13 +334,15 @@ def _good_keys(decoded: DataFrame, layout: ChangeEventLayout) -> pa.Table:
 
 
 def keep_unavailable(rows: pa.Table, summary: BatchSummary, key_columns: Sequence[str], stored: StoredRows,
-                     current_column: str | None = None, key_changes: KeyChanges | None = None
-                     ) -> tuple[pa.Table, BatchSummary]:
+                     current_column: str | None = None, key_changes: KeyChanges | None = None,
+                     ignored_nulls: Collection[str] = ()) -> tuple[pa.Table, BatchSummary]:
     """Give the values the batch left unavailable (the placeholder: unchanged, and no event of the
     batch knew them) the value the table holds for the key (with ``current_column``: its current
     version's); for a primary-key change's create (``_cdc_origin``), the old key's value, known in the
     batch or held by the table (``key_changes``). Where the table has no row for the key the value was
-    never captured and stays null, counted in the summary."""
+    never captured and stays null, counted in the summary. The columns ``ignored_nulls`` (an update's
+    null left unchanged, never the placeholder) are filled alike, and counted apart: a null written
+    where the table had no row is the update's own value, not one lost."""
     if UNAVAILABLE_COLUMN not in rows.column_names:
         return rows, summary
     left = rows[UNAVAILABLE_COLUMN]
@@ -343,7 +368,7 @@ def keep_unavailable(rows: pa.Table, summary: BatchSummary, key_columns: Sequenc
                 assert isinstance(found, tuple)
                 wanted.append((row, name, found))
             else:
-                never_seen += 1
+                never_seen += name not in ignored_nulls
     if wanted:
         lookup = list(dict.fromkeys(key for _, _, key in wanted))
         names = sorted({name for _, name, _ in wanted})
@@ -355,8 +380,12 @@ def keep_unavailable(rows: pa.Table, summary: BatchSummary, key_columns: Sequenc
         for row, name, key in wanted:
             stored_row = found_by_key.get(key)
             if stored_row is None:
-                never_seen += 1
-            else:
+                never_seen += name not in ignored_nulls
+            elif name not in ignored_nulls:
                 row[name], kept = stored_row[name], kept + 1
+            else:
+                row[name] = stored_row[name]
+    nulls = sum(name in ignored_nulls for unknown in lists for name in unknown)
     rows = pa.concat_tables([rows.filter(pc.invert(pending)), pa.Table.from_pylist(filled, schema=rows.schema)])
-    return rows, replace(summary, unavailable_kept=kept, unavailable_never_seen=never_seen)
+    return rows, replace(summary, unavailable_kept=kept, unavailable_never_seen=never_seen,
+                         null_updates_from_table=nulls)

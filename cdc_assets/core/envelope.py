@@ -228,11 +228,17 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
             value = converted[field.name]
             columns[field.name] = value
             test = unavailable_tests.get(field.name)
+            unchanged: Column | None = None
             if test is not None:
                 # The placeholder means "unchanged": never a value (the fold and the pipeline carry the real one).
-                flag = F.coalesce(test(text), F.lit(False))
-                unavailable.append(F.when(flag, F.lit(field.name)))
-                columns[field.name] = F.when(~flag, value)
+                unchanged = F.coalesce(test(text), F.lit(False))
+                columns[field.name] = F.when(~unchanged, value)
+            if field.name in layout.ignored_nulls:
+                # So does an update's null in a column whose update nulls are ignored (``core.columns``).
+                null_update = (op == "u") & value.isNull()
+                unchanged = null_update if unchanged is None else unchanged | null_update
+            if unchanged is not None:
+                unavailable.append(F.when(unchanged, F.lit(field.name)))
             if not is_nested(field.dataType):
                 # A decimal refuses a value it would round; a declared string column keeps any value exactly.
                 exactly = (" exactly (declare the column 'string' in the table's columns config to keep such "

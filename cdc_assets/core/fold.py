@@ -60,7 +60,7 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
     position, whose delete's key held the values before."""
     target_columns = layout.target_type.fieldNames()
     carried = [name for name in target_columns if name not in layout.key_columns]
-    unavailable = [name for name in layout.unavailable_tests if name in carried]
+    unavailable = [name for name in layout.unchanged_columns if name in carried]
     good = F.col(ERROR_COLUMN).isNull()
     op = F.col(OP_COLUMN)
     incremental = good & (op == "r") & (F.col(SNAPSHOT_COLUMN) == "incremental")
@@ -153,6 +153,9 @@ class BatchSummary:
     # column: kept from the table's row, or null where the table had none (the row was never captured).
     unavailable_kept: int = 0
     unavailable_never_seen: int = 0
+    # Update nulls the table ignores (``ignore_null_updates``) that no event of the batch filled: the table's
+    # value kept, or the null written where the table had no row.
+    null_updates_from_table: int = 0
     truncates: tuple[TruncateEvent, ...] = ()  # ordered by offset
     first_position: str | None = None  # the earliest position of the batch's good row events
     # Good events that a TRUNCATE after them wiped out at the source (``on_truncate: apply``): read, not applied.

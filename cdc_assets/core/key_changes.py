@@ -72,7 +72,7 @@ class KeyChanges:
         rounds (a chain of key changes in one batch)."""
         pending = {part} - self._asked
         keys = list(self._layout.key_columns)
-        names = [name for name in self._layout.unavailable_tests if name not in keys]
+        names = [name for name in self._layout.unchanged_columns if name not in keys]
         while pending:
             self._asked |= pending
             good = self._decoded.where(F.col(ERROR_COLUMN).isNull())

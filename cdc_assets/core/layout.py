@@ -70,6 +70,10 @@ class ChangeEventLayout:
     row_type: T.StructType
     logical_types: Mapping[str, ColumnType] = field(default_factory=dict)
     placeholder: str | None = None  # the connector's unavailable.value.placeholder, for kinds that send it
+    # Row columns whose null in an update means "unchanged", as the placeholder does (``core.columns``).
+    ignored_nulls: tuple[str, ...] = ()
+    # scd2: row columns whose change alone updates the current version in place (``core.columns``).
+    untracked: tuple[str, ...] = ()
 
     @property
     def documents(self) -> bool:
@@ -84,6 +88,12 @@ class ChangeEventLayout:
         tests = {f.name: unavailable_test(f.dataType, self.placeholder) for f in self.row_type.fields
                  if f.name not in self.key_columns}
         return {name: test for name, test in tests.items() if test is not None}
+
+    @property
+    def unchanged_columns(self) -> list[str]:
+        """The row columns an event can leave unchanged: those that can carry the placeholder, and those whose
+        update nulls are ignored. The decode lists them in ``_cdc_unavailable`` where an event does."""
+        return list(dict.fromkeys([*self.unavailable_tests, *self.ignored_nulls]))
 
     def column_type(self, name: str) -> ColumnType:
         """How column ``name`` is read (its logical type, else a plain cast to its Spark type)."""
@@ -119,6 +129,18 @@ def row_type_from_envelope_schema(envelope_schema: Mapping[str, Any]) -> tuple[T
             row_type = T.StructType([T.StructField(name, spec.data_type) for name, spec in columns.items()])
             return row_type, {name: spec for name, spec in columns.items() if spec.logical}
     return T.StructType([]), {}
+
+
+def shows_columns(sample_values: Sequence[bytes]) -> bool:
+    """Whether sampled values show the table's columns: a value schema with a row, or an after image (a
+    delete's before image may hold the key only, a TRUNCATE has none)."""
+    for value in parse_values(sample_values):
+        schema, envelope = unwrap(value)
+        if schema is not None and row_type_from_envelope_schema(schema)[0].fields:
+            return True
+        if isinstance(envelope, Mapping) and isinstance(envelope.get("after"), Mapping):
+            return True
+    return False
 
 
 def unwrap(body: object) -> tuple[Mapping[str, Any] | None, object]:

@@ -50,6 +50,7 @@ from typing import Any
 from pyspark.sql import types as T
 
 from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
+from cdc_assets.core.columns import EVERY_COLUMN, ColumnChoices
 from cdc_assets.core.layout import HIDDEN_PREFIX
 from cdc_assets.core.schema_change import SchemaChangeError, TableChange, diff_schema, source_type_changes
 
@@ -178,13 +179,14 @@ class Evolution:
 
 
 def plan_evolution(announced: AnnouncedChange, history: Sequence[RegistryEntry], before: T.StructType | None,
-                   properties: Mapping[str, str]) -> Evolution:
+                   properties: Mapping[str, str], choices: ColumnChoices = EVERY_COLUMN) -> Evolution:
     """The evolution of a table whose Delta schema is ``before`` (None: no table yet) and properties
-    ``properties`` to its changes' columns (``columns_ever``), the latest change (a CREATE or ALTER) deciding
-    which are dropped: the same table whatever order the changes' runs took. A ``SchemaChangeError`` when a
-    type changes in a way the wide-type policy cannot absorb."""
+    ``properties`` to its changes' columns (``columns_ever``) that it keeps (``choices``: a column it does not
+    keep is never added), the latest change (a CREATE or ALTER) deciding which are dropped: the same table
+    whatever order the changes' runs took. A ``SchemaChangeError`` when a type changes in a way the wide-type
+    policy cannot absorb."""
     latest = history[-1]
-    diff = diff_schema(before or T.StructType([]), columns_ever(history))
+    diff = diff_schema(before or T.StructType([]), choices.kept(columns_ever(history), latest.primary_keys))
     if diff.refused:
         raise SchemaChangeError(
             f"{announced.topic} partition {announced.partition} offset {announced.offset}: {announced.change.type} "
@@ -222,10 +224,12 @@ def retired_copy_path(path: str, number: int) -> str:
     return f"{path}{RETIRED_COPY_SUFFIX}{number}"
 
 
-def incarnation_columns(history: Sequence[RegistryEntry], mode: ApplyModeName) -> T.StructType:
-    """The columns of a table created again after a DROP: its changes' since then, and its apply mode's hidden
-    ones."""
-    return T.StructType([*columns_ever(history).fields, *apply_mode(mode).hidden_fields])
+def incarnation_columns(history: Sequence[RegistryEntry], mode: ApplyModeName,
+                        choices: ColumnChoices = EVERY_COLUMN) -> T.StructType:
+    """The columns of a table created again after a DROP: its changes' since then that it keeps (``choices``),
+    and its apply mode's hidden ones."""
+    kept = choices.kept(columns_ever(history), history[-1].primary_keys)
+    return T.StructType([*kept.fields, *apply_mode(mode).hidden_fields])
 
 
 def incarnation_properties(drop: RegistryEntry, earlier: Sequence[str], aside: str) -> dict[str, str]:

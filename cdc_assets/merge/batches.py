@@ -99,7 +99,9 @@ def _taken(following: Future[Prepared], assumed: TableProgress, table: CapturedT
         prepared = following.result()
     except Exception:
         return None  # prepared again from what Delta holds, and fails again if it must
-    if prepared.summary is not None and prepared.summary.unavailable_kept + prepared.summary.unavailable_never_seen:
+    summary = prepared.summary
+    if summary is not None and summary.unavailable_kept + summary.unavailable_never_seen + \
+            summary.null_updates_from_table:
         return None  # it read the table's values before the commit before it: read them again
     if progress is None or (progress.offsets, progress.key_columns, progress.truncated_at) != (
             assumed.offsets, assumed.key_columns, assumed.truncated_at):

@@ -75,6 +75,7 @@ def fold(writer: BatchWriter, table: CapturedTable, layout: ChangeEventLayout, d
     rows, kept = table.mode.rows(after_truncation(decoded, mark), layout, stored)
     return rows, replace(summary, unavailable_kept=kept.unavailable_kept,
                          unavailable_never_seen=kept.unavailable_never_seen,
+                         null_updates_from_table=kept.null_updates_from_table,
                          before_truncate=summary.events - len(summary.truncates) - kept.events)
 
 

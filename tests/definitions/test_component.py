@@ -214,3 +214,19 @@ def test_dg_launch_materializes_the_examples_assets_from_the_demos_topics(projec
     assert "RUN_SUCCESS" in run.stdout + run.stderr
     products = DeltaTable(str(tmp_path / "delta" / "dbserver1" / "inventory" / "products")).to_pyarrow_table()
     assert products.num_rows == 10 and "scooter" in products.column("name").to_pylist()
+
+
+def test_the_component_takes_the_column_choices_and_refuses_bad_ones_naming_the_field():
+    from cdc_assets.catalog import resolve_tables
+    from cdc_assets.core.columns import ColumnChoices
+
+    table = {"name": "s.t", "key_columns": ["id"], "exclude_columns": ["ssn"], "ignore_null_updates": True}
+    component = CdcComponent(kafka={"bootstrap_servers": "x:1"}, delta={"root": "/tmp/x"},
+                             connectors=[{"name": "a", "kind": "postgresql", "topic.prefix": "a", "tables": [table]}])
+    [captured] = resolve_tables(component.pipeline_config())
+    assert captured.column_choices == ColumnChoices(exclude=("ssn",), ignore_null_updates=True)
+    bad = CdcComponent(kafka={"bootstrap_servers": "x:1"}, delta={"root": "/tmp/x"},
+                       connectors=[{"name": "a", "kind": "postgresql", "topic.prefix": "a",
+                                    "tables": [{**table, "exclude_columns": ["id"]}]}])
+    with pytest.raises(ConfigError, match=r"connectors\.0\.tables\.0: .*key column"):
+        bad.pipeline_config()

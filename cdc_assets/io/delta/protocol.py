@@ -43,7 +43,7 @@ class BatchWriter(Protocol):
 
     def current_rows(self, target: DeltaTarget, keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
         """``columns`` (the key columns among them) of the table's rows whose key (``keys``' columns) is
-        in ``keys``; None if no table."""
+        in ``keys`` (a column the table does not have reads as null); None if no table."""
         ...
 
 

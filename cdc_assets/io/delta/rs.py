@@ -150,7 +150,11 @@ class DeltaRsWriter(WriterBase):
         for name in keys.column_names:
             match = pds.field(name).cast(plain.field(name).type).isin(wanted[name].combine_chunks())
             found = match if found is None else found & match
-        rows = dataset.to_table(columns=list(columns), filter=found)
+        present = [name for name in columns if name in dataset.schema.names]
+        rows = dataset.to_table(columns=present, filter=found)
+        # A column the table does not have yet (added by this batch) reads as null.
+        rows = pa.table({name: rows[name] if name in present else pa.nulls(rows.num_rows, pa.string())
+                         for name in columns})
         if keys.num_columns == 1:
             return rows
         # Each key column's values among the wanted ones: a superset of the wanted keys, cut to them.

@@ -108,12 +108,16 @@ class DeltaSparkWriter(WriterBase):
                             ("num_inserted_rows", "num_updated_rows", "num_deleted_rows"))
 
     def current_rows(self, target: DeltaTarget, keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
+        from pyspark.sql import functions as F
+
         if not self._exists(target):
             return None
         wanted = self._spark.createDataFrame(keys)
         stored = self._spark.read.format("delta").load(spark_path(target.path)).join(wanted, keys.column_names,
                                                                                      "left_semi")
-        return to_arrow(stored.select(*[quote_spark(name) for name in columns]))
+        # A column the table does not have yet (added by this batch) reads as null.
+        return to_arrow(stored.select(*[F.col(quote_spark(name)) if name in stored.columns
+                                        else F.lit(None).cast("string").alias(name) for name in columns]))
 
     def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
         if not self._exists(target):
