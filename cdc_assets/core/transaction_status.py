@@ -2,7 +2,7 @@
 the status its commit records in the Delta log, its report carries and its materialization shows.
 
 The status is written to and read from JSON here only (``to_metadata`` / ``from_metadata``): commits made by
-earlier versions, which recorded neither ``waiting_s`` nor ``stalled``, read the same.
+earlier versions, which recorded neither ``waiting_s``, ``stalled`` nor ``applied_in``, read the same.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ class TransactionStatus:
     """The transactions of one batch of a table cut to whole transactions.
 
     ``applied_end``: the commit position of the last transaction the table applied (this batch or before);
+    ``applied_in``: per partition of the table's topic, the greatest commit position of a transaction the table
+    applied with events there (this batch or before: ``core.transactions.cut_batch`` tells events delivered again
+    by it);
     ``horizon``: the greatest commit position at which the table is exact (``io.transactions.table_horizon``);
     ``applied``: the transactions this batch applied whole; ``waiting``: the first ``LISTED_WAITING`` that wait,
     with ``waiting_s`` the seconds each has waited since its first event's source time; ``incomplete``: those
@@ -57,6 +60,7 @@ class TransactionStatus:
     waiting_s: Mapping[str, float] = field(default_factory=dict)
     incomplete: Mapping[str, TransactionCount] = field(default_factory=dict)
     stalled: Mapping[str, TransactionCount] = field(default_factory=dict)
+    applied_in: Mapping[int, int] = field(default_factory=dict)
 
     def to_metadata(self) -> dict[str, Any]:
         """The JSON a commit records (``CommitRequest.transactions``) and a materialization shows."""
@@ -68,6 +72,7 @@ class TransactionStatus:
             "waiting_s": dict(self.waiting_s),
             "incomplete": _counts_metadata(self.incomplete),
             "stalled": _counts_metadata(self.stalled),
+            "applied_in": {str(partition): position for partition, position in sorted(self.applied_in.items())},
         }
 
     @classmethod
@@ -81,6 +86,7 @@ class TransactionStatus:
             waiting_s={tx: float(s) for tx, s in (recorded.get("waiting_s") or {}).items()},
             incomplete=counts_from_metadata(recorded.get("incomplete")),
             stalled=counts_from_metadata(recorded.get("stalled")),
+            applied_in={int(p): int(position) for p, position in (recorded.get("applied_in") or {}).items()},
         )
 
 

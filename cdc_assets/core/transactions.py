@@ -143,33 +143,47 @@ class TransactionCut:
     end_offsets: dict[int, int]
     applied: tuple[str, ...]  # transaction ids applied whole by the cut batch
     waiting: dict[str, tuple[int, int | None]]  # incomplete: id -> (events seen, events announced)
+    again: tuple[str, ...] = ()  # transactions applied before, some of whose events the batch holds again
 
 
 def cut_batch(table: str, start: Mapping[int, int], end: Mapping[int, int],
-              seen: Mapping[str, tuple[int, Mapping[int, int]]], ends: Mapping[str, Mapping[str, int]]
-              ) -> TransactionCut:
+              seen: Mapping[str, tuple[int, Mapping[int, int]]], ends: Mapping[str, tuple[int, Mapping[str, int]]],
+              applied_in: Mapping[int, int]) -> TransactionCut:
     """The batch end per partition: before the first event of any transaction that is not whole, and
     of any whole one that such a cut leaves part of out (its events in another partition come after
     the cut there): a batch applies all of a transaction's events or none.
 
     ``seen``: per transaction id in the batch, (events of this table, first offset per partition).
-    ``ends``: per known END, its data collections.
+    ``ends``: per known END, its commit position and data collections.
+    ``applied_in``: per partition, the greatest commit position of a transaction the table applied with events
+    there (``applied_positions``).
 
     A connector restarted mid-transaction emits its BEGIN again and an END counting only the events emitted
     after the restart (Debezium is at-least-once); when it was stopped before the first END was written, that
     END does not name the tables whose events all came before the restart. Those events are applied as the
     batch holds them: no END will ever announce them.
+
+    A restarted connector also emits again every event after its last stored offset, however far back: a
+    transaction whose events come again after the table applied it (``again``) is not waited for, whatever
+    part of it comes again, and its events are applied as they are (a row keeps its newer version). A
+    transaction is known applied once a partition holding its events has applied one committed no earlier:
+    in each partition a connector writes a transaction's events before those of every later one, and the
+    table commits no offset past an event of a transaction it has not applied.
     """
     cut = dict(end)
     waiting: dict[str, tuple[int, int | None]] = {}
+    again = {tx for tx, (_, firsts) in seen.items()
+             if tx in ends and any(ends[tx][0] <= applied_in.get(p, -1) for p in firsts)}
     for tx_id, (count, _) in seen.items():
+        if tx_id in again:
+            continue
         if tx_id not in ends:
             waiting[tx_id] = (count, None)
             continue
         # An END that does not name a table holding its events is a restarted connector's: it counts only what
         # was emitted after the restart, and the END that counted the rest was never written. What the batch
         # holds is all there is to wait for.
-        expected = collection_count(ends[tx_id], table)
+        expected = collection_count(ends[tx_id][1], table)
         if expected is not None and count < expected:
             waiting[tx_id] = (count, expected)
     held = set(waiting)  # transactions the batch applies nothing of
@@ -178,14 +192,26 @@ def cut_batch(table: str, start: Mapping[int, int], end: Mapping[int, int],
             for partition, offset in seen[tx_id][1].items():
                 cut[partition] = min(cut[partition], offset)
         split = {tx for tx, (_, firsts) in seen.items()
-                 if tx not in held and any(o >= cut[p] for p, o in firsts.items())}
+                 if tx not in held and tx not in again and any(o >= cut[p] for p, o in firsts.items())}
         if not split:
             break
         held |= split
-    applied = tuple(sorted(tx for tx in seen if tx not in held))
+    applied = tuple(sorted(tx for tx in seen if tx not in held and tx not in again))
     for partition in cut:
         cut[partition] = max(cut[partition], start.get(partition, 0))
-    return TransactionCut(cut, applied, waiting)
+    return TransactionCut(cut, applied, waiting, tuple(sorted(again)))
+
+
+def applied_positions(applied_in: Mapping[int, int], cut: TransactionCut,
+                      seen: Mapping[str, tuple[int, Mapping[int, int]]],
+                      ends: Mapping[str, tuple[int, Mapping[str, int]]]) -> dict[int, int]:
+    """``applied_in`` (``cut_batch``) once the batch ``cut`` is applied: per partition, the greatest commit
+    position of a transaction applied with events there."""
+    positions = dict(applied_in)
+    for tx_id in (*cut.applied, *cut.again):
+        for partition in seen[tx_id][1]:
+            positions[partition] = max(positions.get(partition, -1), ends[tx_id][0])
+    return positions
 
 
 @dataclass(frozen=True)
@@ -231,7 +257,9 @@ def read_on(cut: TransactionCut, start: Mapping[int, int], end: Mapping[int, int
     assert expected is not None
     until: dict[int, int] = {}
     for partition in start:
-        later = [firsts[partition] for tx, (_, firsts) in seen.items() if tx != first and partition in firsts]
+        # Events of a transaction applied before are not a later one's: they are read with it, as they are.
+        later = [firsts[partition] for tx, (_, firsts) in seen.items()
+                 if tx != first and tx not in cut.again and partition in firsts]
         if partition in heads and heads[partition] != first:
             until[partition] = start[partition]
         else:

@@ -15,7 +15,14 @@ from cdc_assets.config import BatchLimits
 from cdc_assets.core.envelope import OFFSET_COLUMN, PARTITION_COLUMN, TRANSACTION_COLUMN
 from cdc_assets.core.layout import SOURCE_TS_COLUMN
 from cdc_assets.core.transaction_status import LISTED_WAITING, TransactionCount, TransactionStatus
-from cdc_assets.core.transactions import ReadOn, cut_batch, event_identity, read_on, transaction_key
+from cdc_assets.core.transactions import (
+    ReadOn,
+    applied_positions,
+    cut_batch,
+    event_identity,
+    read_on,
+    transaction_key,
+)
 from cdc_assets.io.delta import TableProgress
 from cdc_assets.io.kafka import KafkaSource, RawBatch
 from cdc_assets.io.transactions import ingest_transactions, table_horizon
@@ -40,8 +47,10 @@ def whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch,
 
     A transaction's events are counted once each: an event delivered again (Debezium is at-least-once; a
     restarted connector sends what it sent before its last stored offset) has the same source position,
-    op and key (``core.transactions.event_identity``). Bad events count: they belong to their transaction, and the
-    batch that holds them halts or dead-letters them as the table's ``on_bad_event`` says.
+    op and key (``core.transactions.event_identity``). Events of a transaction the table applied before, delivered
+    again after it, are taken as they are, never waited for (``core.transactions.cut_batch``, from the commit
+    positions each partition applied, which the commit records). Bad events count: they belong to their
+    transaction, and the batch that holds them halts or dead-letters them as the table's ``on_bad_event`` says.
 
     A batch that can apply nothing because its first transaction is incomplete is read again, from
     the same offsets, up to the first event of a later transaction in each partition
@@ -74,11 +83,11 @@ def whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch,
         if row["ts"] is not None:
             since[key] = min(row["ts"], since.get(key, row["ts"]))
     ends = log.ends(seen)
-    cut = cut_batch(table.name, raw.start_offsets, raw.end_offsets, seen,
-                    {tx: collections for tx, (_, collections) in ends.items()})
     recorded = progress.transactions if progress is not None else None
-    previous = TransactionStatus.from_metadata(recorded).applied_end if recorded else -1
-    applied_end = max([previous, *(ends[tx][0] for tx in cut.applied)])
+    before = TransactionStatus.from_metadata(recorded) if recorded else None
+    applied_in = before.applied_in if before is not None else {}
+    cut = cut_batch(table.name, raw.start_offsets, raw.end_offsets, seen, ends, applied_in)
+    applied_end = max([before.applied_end if before is not None else -1, *(ends[tx][0] for tx in cut.applied)])
     caught_up = raw.caught_up
     applicable = cut.end_offsets if cut.end_offsets != raw.start_offsets else None
     read_again: dict[int, int] | None = None
@@ -103,6 +112,7 @@ def whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch,
         # the batch applies nothing while these wait, and they have waited past the table's timeout
         stalled={tx: TransactionCount(n, e, waited[tx]) for tx, (n, e) in waiting
                  if applicable is None and read_again is None and waited.get(tx, 0.0) >= table.transaction_timeout_s},
+        applied_in=applied_positions(applied_in, cut, seen, ends),
     )
     return applicable, status, read_again
 

@@ -8,7 +8,7 @@ START = {0: 0, 1: 0, 2: 0}
 def blocked(end, stop, seen, ends):
     """``read_on`` for a batch from ``START`` read up to ``end``, its ENDs given as (offset, events of s.a)."""
     collections = {tx: (offset, {"db.s.a": count}) for tx, (offset, count) in ends.items()}
-    cut = cut_batch("s.a", START, end, seen, {tx: c for tx, (_, c) in collections.items()})
+    cut = cut_batch("s.a", START, end, seen, collections, {})
     assert cut.end_offsets == START  # nothing applicable
     return read_on(cut, START, end, stop, seen, collections)
 
@@ -50,7 +50,7 @@ def test_a_first_transaction_without_a_known_end_waits():
     """Partition 1 starts with transaction 2 whose END is not in the log: it may have committed first."""
     seen = {"1": (2, {0: 0}), "2": (2, {1: 0})}
     collections = {"1": (3, {"s.a": 5})}
-    cut = cut_batch("s.a", START, {0: 2, 1: 2, 2: 0}, seen, {"1": {"s.a": 5}})
+    cut = cut_batch("s.a", START, {0: 2, 1: 2, 2: 0}, seen, collections, {})
     assert read_on(cut, START, {0: 2, 1: 2, 2: 0}, {0: 9, 1: 9, 2: 0}, seen, collections) is None
 
 
@@ -58,6 +58,31 @@ def test_a_whole_transaction_behind_a_cut_in_one_partition_is_not_applied_in_ano
     """Transaction 2 is whole, but in partition 1 it comes after transaction 1, which waits: applying
     its events in partition 0 would leave it half applied, so partition 0 is cut before it too."""
     seen = {"1": (1, {1: 0}), "2": (2, {0: 0, 1: 1}), "3": (1, {2: 0})}
-    cut = cut_batch("s.a", START, {0: 1, 1: 2, 2: 1}, seen, {"1": {"s.a": 2}, "2": {"s.a": 2}, "3": {"s.a": 1}})
+    cut = cut_batch("s.a", START, {0: 1, 1: 2, 2: 1}, seen, {"1": (1, {"s.a": 2}), "2": (2, {"s.a": 2}),
+                                                            "3": (3, {"s.a": 1})}, {})
     assert cut.end_offsets == {0: 0, 1: 0, 2: 1}
     assert cut.applied == ("3",) and list(cut.waiting) == ["1"]
+
+
+def test_a_transaction_applied_before_and_delivered_again_in_part_is_not_waited_for():
+    """Transaction 1 (3 events) was applied with events in partition 1 (``applied_in``); a restarted connector
+    delivered 2 of them again, ahead of transaction 2: nothing waits for the rest of 1, and 2 is applied. A
+    partition that has applied only earlier transactions proves nothing: there it would wait."""
+    seen = {"1": (2, {1: 0}), "2": (2, {0: 0, 1: 2})}
+    ends = {"1": (5, {"s.a": 3}), "2": (7, {"s.a": 2})}
+    cut = cut_batch("s.a", START, {0: 1, 1: 3, 2: 0}, seen, ends, {0: 3, 1: 5})
+    assert cut.again == ("1",) and cut.applied == ("2",) and cut.waiting == {}
+    assert cut.end_offsets == {0: 1, 1: 3, 2: 0}
+    held = cut_batch("s.a", START, {0: 1, 1: 3, 2: 0}, seen, ends, {0: 3, 1: 4})
+    assert held.again == () and held.waiting == {"1": (2, 3)} and held.end_offsets == {0: 0, 1: 0, 2: 0}
+
+
+def test_events_delivered_again_do_not_bound_the_read_on_of_the_first_transaction():
+    """Transaction 2 (6 events) has 2 read in partition 0 and 1 in partition 1, where transaction 1, applied
+    before, comes again after it: the read on stops before transaction 3 in partition 1, not before 1's events."""
+    seen = {"1": (1, {1: 1}), "2": (3, {0: 0, 1: 0}), "3": (1, {1: 2})}
+    ends = {"1": (4, {"s.a": 2}), "2": (6, {"s.a": 6}), "3": (8, {"s.a": 1})}
+    cut = cut_batch("s.a", START, {0: 2, 1: 3, 2: 0}, seen, ends, {1: 4})
+    assert cut.end_offsets == START and cut.again == ("1",)
+    found = read_on(cut, START, {0: 2, 1: 3, 2: 0}, {0: 9, 1: 9, 2: 0}, seen, ends)
+    assert found is not None and found.transaction == "2" and found.until == {0: 9, 1: 2, 2: 0}

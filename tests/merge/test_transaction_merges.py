@@ -518,3 +518,51 @@ connectors:
                      r"naming s.a for it; it has kept s.a from applying anything for \d", check.description), \
         check.description
     assert list(materialization.metadata["transactions_stalled"].value) == ["790"]
+
+
+def test_events_a_restarted_connector_emits_again_from_far_back_never_hold_the_table(spark, broker, writer, tmp_path):
+    """A connector killed while producing transaction 812 (partition 0 got all of its events, partition 1 one,
+    partition 2 none) and restarted on an offset stored inside 811, applied long before: it emits 811's events after
+    that offset again (2 of its 3), its END again, and everything after. In batches of 15 records over 3 partitions,
+    811's second delivery comes after 812's first events, and 812's after the first delivery of 812 and its own
+    remainder: every batch moves on, every transaction is applied whole once, and nothing is left waiting (811's
+    second delivery, counted against its END as a transaction of its own, waited forever: the table stopped)."""
+    c = Connector(broker, tmp_path, partitions=3)
+    lsn = iter(range(5000, 6000))
+
+    def transaction(tx_id, changes):
+        """(partition, record) of each event: row ``key`` in partition ``key % 3``."""
+        return [(key % 3, row_event(op, key, value, next(lsn), tx_id, order))
+                for order, (op, key, value) in enumerate(changes, 1)]
+
+    t810 = transaction("810", [("c", k, "t0") for k in range(6)])
+    t811 = transaction("811", [("u", k, "t1") for k in (0, 1, 2)])
+    t812 = transaction("812", [("c", k, "t2") for k in range(6, 15)])
+    t813 = transaction("813", [("u", k, "t3") for k in range(3, 9)])
+    t814 = transaction("814", [("c", k, "t4") for k in (20, 21, 22)])
+    ends = {tx: tx_event("END", tx, {"s.a": n}) for tx, n in (("810", 6), ("811", 3), ("812", 9), ("813", 6),
+                                                               ("814", 3))}
+    body = json.loads(ends["811"][1])  # the restarted connector's END of 811: its id, the events it emitted again
+    end_again = (ends["811"][0], json.dumps(dict(body, event_count=2, data_collections=[
+        {"data_collection": "s.a", "event_count": 2}])).encode())
+    killed = [*t810, *t811, *(e for e in t812 if e[0] == 0), *[e for e in t812 if e[0] == 1][:1]]
+    again = [*t811[1:], *t812, *t813, *t814]
+    produce(broker, c.tx_topic, [tx_event("BEGIN", "810"), ends["810"], tx_event("BEGIN", "811"), ends["811"],
+                                 tx_event("BEGIN", "812"),  # killed here; restarted inside 811:
+                                 tx_event("BEGIN", "811"), end_again, tx_event("BEGIN", "812"), ends["812"],
+                                 tx_event("BEGIN", "813"), ends["813"], tx_event("BEGIN", "814"), ends["814"]])
+    for partition in range(3):
+        produce(broker, c.topics["a"], [record for p, record in [*killed, *again] if p == partition],
+                partition=partition)
+    total = len(killed) + len(again)
+    reports = []
+    while not reports or sum(reports[-1].raw.end_offsets.values()) < total:
+        assert len(reports) < 20, [(r.raw.start_offsets, r.raw.end_offsets) for r in reports]
+        reports.append(run_batch(spark, broker, writer, c.tables["a"], max_records=15))
+        report = reports[-1]
+        assert report.raw.end_offsets != report.raw.start_offsets, \
+            f"batch {len(reports)} from {report.raw.start_offsets} applied nothing: {report.transactions}"
+    assert reports[-1].transactions.waiting == {}
+    assert sum(r.transactions.applied for r in reports if r.transactions) == 5
+    assert values(spark, writer, c.tables["a"]) == {**{k: "t1" for k in (0, 1, 2)}, **{k: "t3" for k in range(3, 9)},
+                                                    **{k: "t2" for k in range(9, 15)}, 20: "t4", 21: "t4", 22: "t4"}
