@@ -47,7 +47,8 @@ class TransactionStatus:
     ``applied_in``: per partition of the table's topic, the greatest commit position of a transaction the table
     applied with events there (this batch or before: ``core.transactions.cut_batch`` tells events delivered again
     by it);
-    ``horizon``: the greatest commit position at which the table is exact (``io.transactions.table_horizon``);
+    ``horizon``: the greatest commit position at which the table is exact (``core.transactions.exact_horizon``;
+    below ``applied_end`` when it is exact nowhere);
     ``applied``: the transactions this batch applied whole; ``waiting``: the first ``LISTED_WAITING`` that wait,
     with ``waiting_s`` the seconds each has waited since its first event's source time; ``incomplete``: those
     whose END announces more events than the whole topic holds for the table; ``stalled``: those that keep the

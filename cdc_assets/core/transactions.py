@@ -202,6 +202,19 @@ def cut_batch(table: str, start: Mapping[int, int], end: Mapping[int, int],
     return TransactionCut(cut, applied, waiting, tuple(sorted(again)))
 
 
+def exact_horizon(applied_end: int, horizon: int, cut: TransactionCut,
+                  ends: Mapping[str, tuple[int, Mapping[str, int]]]) -> int:
+    """The greatest commit position at which a table that applied up to ``applied_end`` is exact: ``horizon``
+    (``io.transactions.table_horizon``), unless a transaction committed before ``applied_end`` still waits. A cut
+    holds back only the partitions a waiting transaction is in, so a later one may be applied in another: the
+    table then holds a later transaction without an earlier one and is exact nowhere (a horizon below
+    ``applied_end``), and the cross-table watermark keeps to its earlier versions."""
+    earliest = min((ends[tx][0] for tx in cut.waiting if tx in ends), default=None)
+    if earliest is not None and earliest < applied_end:
+        return min(horizon, earliest - 1)
+    return horizon
+
+
 def applied_positions(applied_in: Mapping[int, int], cut: TransactionCut,
                       seen: Mapping[str, tuple[int, Mapping[int, int]]],
                       ends: Mapping[str, tuple[int, Mapping[str, int]]]) -> dict[int, int]:

@@ -20,6 +20,7 @@ from cdc_assets.core.transactions import (
     applied_positions,
     cut_batch,
     event_identity,
+    exact_horizon,
     read_on,
     transaction_key,
 )
@@ -103,7 +104,7 @@ def whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch,
     waiting = sorted(cut.waiting.items())
     status = TransactionStatus(
         applied_end=applied_end,
-        horizon=table_horizon(log, table.name, applied_end),
+        horizon=exact_horizon(applied_end, table_horizon(log, table.name, applied_end), cut, ends),
         applied=len(cut.applied),
         waiting={tx: TransactionCount(n, e) for tx, (n, e) in waiting[:LISTED_WAITING]},
         waiting_s=dict(sorted(waited.items())[:LISTED_WAITING]),  # since each one's first event's source time

@@ -1,6 +1,6 @@
 """Where a batch that can apply nothing reads its first transaction whole (``core.transactions.read_on``)."""
 
-from cdc_assets.core.transactions import cut_batch, read_on
+from cdc_assets.core.transactions import cut_batch, exact_horizon, read_on
 
 START = {0: 0, 1: 0, 2: 0}
 
@@ -62,6 +62,12 @@ def test_a_whole_transaction_behind_a_cut_in_one_partition_is_not_applied_in_ano
                                                             "3": (3, {"s.a": 1})}, {})
     assert cut.end_offsets == {0: 0, 1: 0, 2: 1}
     assert cut.applied == ("3",) and list(cut.waiting) == ["1"]
+    # The table then holds transaction 3 without 1: exact at no commit position, not up to 3's.
+    ends = {"1": (1, {"s.a": 2}), "2": (2, {"s.a": 2}), "3": (3, {"s.a": 1})}
+    assert exact_horizon(3, 9, cut, ends) == 0 < 3
+    # Once nothing committed earlier waits, the horizon is the log's.
+    later = cut_batch("s.a", START, {0: 0, 1: 0, 2: 1}, {"3": (1, {2: 0})}, ends, {})
+    assert exact_horizon(3, 9, later, ends) == 9
 
 
 def test_a_transaction_applied_before_and_delivered_again_in_part_is_not_waited_for():
