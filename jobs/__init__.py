@@ -3,6 +3,7 @@
 from jobs.compaction import build_compaction_job, build_compaction_schedule
 from jobs.freshness import build_freshness_job, build_freshness_schedule
 from jobs.merge import build_merge_job, build_merge_schedules
+from jobs.reconcile import build_rows_match_source_job
 from jobs.schema_changes import build_apply_schema_change_job
 from jobs.snapshots import (
     build_snapshot_schedules,
@@ -21,6 +22,7 @@ __all__ = [
     "build_freshness_schedule",
     "build_merge_job",
     "build_merge_schedules",
+    "build_rows_match_source_job",
     "build_snapshot_schedules",
     "execute_snapshot_run_config",
     "incremental_snapshot_job",
