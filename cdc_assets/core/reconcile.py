@@ -31,9 +31,9 @@ A column with no rule here (structs, arrays, doubles on MariaDB) is left out of 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from pyspark.sql import types as T
 
@@ -121,9 +121,11 @@ def quote(name: str, dialect: Dialect) -> str:
 
 def _strip_zeros(text: str, dialect: Dialect) -> str:
     """A decimal's text without trailing fractional zeros (and without a point left bare)."""
-    group = "$1" if dialect == "spark" else "\\1"
-    inner = f"regexp_replace({text}, '(\\.[0-9]*[1-9])0+$', '{group}')"
-    return f"regexp_replace({inner}, '\\.0+$', '')"
+    # Spark's and MariaDB's string literals take a backslash as an escape, PostgreSQL's (standard) do not.
+    escape = "\\" if dialect == "postgresql" else "\\\\"
+    group = "$1" if dialect == "spark" else f"{escape}1"
+    inner = f"regexp_replace({text}, '({escape}.[0-9]*[1-9])0+$', '{group}')"
+    return f"regexp_replace({inner}, '{escape}.0+$', '')"
 
 
 def value_text(column: ComparedColumn, dialect: Dialect) -> str:
@@ -256,15 +258,26 @@ class KeyRow:
     display: str  # the key as a person reads it
     digest: str  # the md5 of the row's canonical text
     bucket: int
+    copies: int = 1  # rows with the key (more than one: a duplicated key, such as two current scd2 versions)
 
 
 KeyRows = dict[str, KeyRow]  # by the key's canonical text
 
 
+def key_rows(rows: Iterable[Sequence[Any]]) -> KeyRows:
+    """``TableQueries.rows_in``'s rows by key text, a key's rows counted."""
+    found: KeyRows = {}
+    for key, display, digest, bucket in rows:
+        seen = found.get(str(key))
+        found[str(key)] = (KeyRow(str(display), str(digest), int(bucket)) if seen is None
+                           else replace(seen, copies=seen.copies + 1))
+    return found
+
+
 @dataclass(frozen=True)
 class KeyDifference:
-    """A key whose row differs: ``missing`` (in the source, not in Delta), ``extra`` (in Delta only) or
-    ``different`` (values differ)."""
+    """A key whose row differs: ``missing`` (in the source, not in Delta), ``extra`` (in Delta only, or in more
+    rows than at the source) or ``different`` (values differ)."""
 
     key: str
     display: str
@@ -280,8 +293,10 @@ def key_differences(source: KeyRows, delta: KeyRows) -> dict[str, KeyDifference]
         if mine is None:
             assert theirs is not None
             found[key] = KeyDifference(key, theirs.display, "extra", theirs.bucket)
-        elif theirs is None:
+        elif theirs is None or theirs.copies < mine.copies:
             found[key] = KeyDifference(key, mine.display, "missing", mine.bucket)
+        elif theirs.copies > mine.copies:
+            found[key] = KeyDifference(key, mine.display, "extra", mine.bucket)
         elif mine.digest != theirs.digest:
             found[key] = KeyDifference(key, mine.display, "different", mine.bucket)
     return found

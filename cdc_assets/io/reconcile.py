@@ -36,12 +36,12 @@ from cdc_assets.core.reconcile import (
     ComparedColumn,
     Dialect,
     KeyDifference,
-    KeyRow,
     KeyRows,
     TableQueries,
     compared_columns,
     differing_buckets,
     key_differences,
+    key_rows,
     live_rows,
     quote,
 )
@@ -320,10 +320,6 @@ def _sums(rows: Rows) -> BucketSums:
     return {int(b): (int(count), int(total)) for b, count, total in rows}
 
 
-def _key_rows(rows: Rows) -> KeyRows:
-    return {str(key): KeyRow(str(display), str(digest), int(b)) for key, display, digest, b in rows}
-
-
 def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns: Sequence[str],
               buckets: int = 256, reached: Reached | None = None, settle_timeout_s: float = 300.0,
               poll_s: float = 2.0) -> Reconciliation:
@@ -365,11 +361,11 @@ def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns:
             result.unsettled = differing
             return result
         with clock.delta():  # Delta first: it then holds nothing the source's snapshot below does not
-            delta_keys = _key_rows(delta.query(theirs.rows_in(differing)))
+            delta_keys = key_rows(delta.query(theirs.rows_in(differing)))
         with clock.source():
             position, source_rows = source.look(mine.rows_in(differing))
         result.last_position = position
-        source_keys = _key_rows(source_rows)
+        source_keys = key_rows(source_rows)
         found = key_differences(source_keys, delta_keys)
         if previous is None:
             previous, previous_source = found, source_keys

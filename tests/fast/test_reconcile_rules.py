@@ -12,6 +12,7 @@ from cdc_assets.core.reconcile import (
     compared_columns,
     differing_buckets,
     key_differences,
+    key_rows,
     live_rows,
 )
 from cdc_assets.definitions import build_definitions
@@ -48,6 +49,8 @@ def test_differing_buckets_and_keys_say_missing_extra_and_different():
     found = key_differences(source, delta)
     assert {key: (d.kind, d.bucket) for key, d in found.items()} == {
         "k2": ("different", 1), "k3": ("missing", 1), "k4": ("extra", 2)}
+    twice = key_rows([("k1", "1", "a", 0), ("k1", "1", "a", 0)])  # two current versions of one key
+    assert twice["k1"].copies == 2 and key_differences({"k1": KeyRow("1", "a", 0)}, twice)["k1"].kind == "extra"
 
 
 def test_a_connector_with_a_source_dsn_gets_the_check_its_own_job_and_a_stopped_schedule(tmp_path):

@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
 
 from cdc_assets.io.reconcile import DeltaSide, PostgresSource, Reconciliation, committed_position_reached
-from tests.support.reconcile import World, source_row
+from tests.support.reconcile import DELTA_SCHEMA, World, delta_row, source_row
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def test_equal_tables_pass_on_every_type(world: World, spark: SparkSession) -> N
     assert result.left_out == []
     assert result.differing_first == [], result
     assert result.passed and result.source_rows == result.delta_rows == 200
-    assert len(result.columns) == 15 and result.first_position
+    assert len(result.columns) == 16 and result.first_position
 
 
 def test_rows_deleted_added_and_changed_in_delta_are_drift_in_their_buckets(world: World,
@@ -133,3 +134,61 @@ def test_a_quiet_table_is_caught_up_once_the_slot_confirmed_past_the_position(wo
         world.connection.execute("SELECT pg_drop_replication_slot('reconcile_test')")
         delta.close()
         source.close()
+
+
+@pytest.fixture
+def soft_world(postgres: Any, tmp_path: Path) -> Iterator[World]:
+    world = World(postgres.create_database(f"reconcile_{uuid.uuid4().hex[:8]}"), tmp_path / "soft", "soft_delete")
+    rows = [source_row(i) for i in range(1, 41)]
+    world.insert_source(rows)
+    world.merge(rows)
+    world.connection.execute("DELETE FROM inventory.items WHERE id IN (3, 4)")
+    world.merge([], deletes=[(3, "eu"), (4, "us")])  # kept as rows marked deleted
+    yield world
+    world.connection.close()
+
+
+def test_soft_delete_compares_live_rows_and_a_wrong_mark_is_drift(soft_world: World, spark: SparkSession) -> None:
+    from deltalake import DeltaTable
+
+    result = soft_world.check(spark)
+    assert (result.source_rows, result.delta_rows, drift(result), result.unsettled) == (38, 38, {}, [])
+    assert result.passed
+    table = DeltaTable(soft_world.target.path)
+    table.update(updates={"_cdc_deleted": "true"}, predicate="id = 9")  # live at the source, marked deleted
+    table.update(updates={"_cdc_deleted": "false"}, predicate="id = 3")  # deleted at the source, live again
+    assert drift(soft_world.check(spark)) == {"missing": {"9, eu"}, "extra": {"3, eu"}}
+
+
+def test_scd2_compares_current_versions(postgres: Any, spark: SparkSession, tmp_path: Path) -> None:
+    from deltalake import DeltaTable, write_deltalake
+
+    world = World(postgres.create_database(f"reconcile_{uuid.uuid4().hex[:8]}"), tmp_path / "scd2", "scd2")
+    rows = [source_row(i) for i in range(1, 31)]
+    world.insert_source(rows)
+    position = world.lsn_position()
+    current = pa.Table.from_pylist([delta_row(row, world.doc_text(row["id"]), position) for row in rows],
+                                   schema=DELTA_SCHEMA)
+    older = pa.Table.from_pylist([delta_row({**row, "name": "before"}, world.doc_text(row["id"]), "0" * 46)
+                                  for row in rows[:10]], schema=DELTA_SCHEMA)
+
+    def versions(table: pa.Table, is_current: bool, valid_to: str | None) -> pa.Table:
+        return (table.drop_columns(["_cdc_position", "_cdc_source_ts"])
+                .append_column("_cdc_valid_from", table["_cdc_position"])
+                .append_column("_cdc_valid_from_ts", table["_cdc_source_ts"])
+                .append_column("_cdc_valid_to", pa.array([valid_to] * table.num_rows, pa.string()))
+                .append_column("_cdc_valid_to_ts", pa.nulls(table.num_rows, pa.timestamp("us", tz="UTC")))
+                .append_column("_cdc_current", pa.array([is_current] * table.num_rows)))
+
+    write_deltalake(world.target.path, pa.concat_tables([versions(older, False, position),
+                                                         versions(current, True, None)]))
+    try:
+        result = world.check(spark)
+        assert result.passed and result.source_rows == result.delta_rows == 30, result
+        # Key 4's old version made current by hand: two current versions, one of them stale.
+        DeltaTable(world.target.path).update(updates={"_cdc_current": "true"}, predicate="id = 4 AND name = 'before'")
+        result = world.check(spark)
+        assert drift(result) == {"extra": {"4, us"}}, result
+        assert not result.passed and result.delta_rows == 31
+    finally:
+        world.connection.close()

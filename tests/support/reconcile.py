@@ -19,15 +19,16 @@ from cdc_assets.io.reconcile import DeltaSide, PostgresSource, Reconciliation, r
 
 CREATE = """
 CREATE TABLE inventory.items (
-    id bigint, region text, name text, amount numeric(10, 2), total numeric, price float8, ratio real,
-    born date, seen timestamp, at timestamptz, data bytea, doc jsonb, flag boolean, uid uuid, clock time,
+    id bigint, region text, name text, amount numeric(10, 2), units numeric(12, 0), total numeric, price float8,
+    ratio real, born date, seen timestamp, at timestamptz, data bytea, doc jsonb, flag boolean, uid uuid, clock time,
     PRIMARY KEY (id, region))
 """
-COLUMNS = "id, region, name, amount, total, price, ratio, born, seen, at, data, doc, flag, uid, clock"
+COLUMNS = "id, region, name, amount, units, total, price, ratio, born, seen, at, data, doc, flag, uid, clock"
 
 # The Delta types Debezium's values of those columns land in (core.types).
 DELTA_SCHEMA = pa.schema([
     ("id", pa.int64()), ("region", pa.string()), ("name", pa.string()), ("amount", pa.decimal128(38, 2)),
+    ("units", pa.decimal128(38, 0)),
     ("total", pa.decimal128(38, 18)), ("price", pa.float64()), ("ratio", pa.float64()), ("born", pa.date32()),
     ("seen", pa.timestamp("us")), ("at", pa.timestamp("us", tz="UTC")), ("data", pa.binary()),
     ("doc", pa.string()), ("flag", pa.bool_()), ("uid", pa.string()), ("clock", pa.string()),
@@ -39,7 +40,8 @@ def source_row(i: int) -> dict[str, Any]:
     """Row ``i`` of the source table, as the test inserts it."""
     return {
         "id": i, "region": ["eu", "us", "Zürich's"][i % 3], "name": None if i % 7 == 0 else f"item {i}",
-        "amount": Decimal(i) / 4, "total": Decimal("1.5") * i, "price": i / 3.0, "ratio": 0.1 * (i % 5),
+        "amount": Decimal(i) / 4, "units": Decimal(i * 100), "total": Decimal("1.5") * i, "price": i / 3.0,
+        "ratio": 0.1 * (i % 5),
         "born": date(2000, 1, 1 + i % 28), "seen": datetime(2024, 2, 29, 12, 0, i % 60, 1000 * i),
         "at": datetime(2024, 3, 1, 8, i % 60, 5, 250000, tzinfo=timezone.utc), "data": bytes([i % 256, 0, 255]),
         "doc": {"n": i, "tags": ["a", "b"]}, "flag": i % 2 == 0, "uid": uuid.UUID(int=i),
@@ -83,7 +85,7 @@ class World:
         from psycopg.types.json import Jsonb
 
         with self.connection.cursor() as cursor:
-            cursor.executemany(f"INSERT INTO inventory.items ({COLUMNS}) VALUES ({', '.join(['%s'] * 15)})",
+            cursor.executemany(f"INSERT INTO inventory.items ({COLUMNS}) VALUES ({', '.join(['%s'] * 16)})",
                                [tuple(Jsonb(v) if k == "doc" else v for k, v in row.items()) for row in rows])
 
     def merge(self, rows: Sequence[dict[str, Any]], deletes: Sequence[tuple[int, str]] = ()) -> None:
