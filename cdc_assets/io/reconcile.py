@@ -6,7 +6,7 @@ The source keeps changing while this looks, so a difference is drift only once i
 flight (``reconcile``):
 
 1. Both sides' checksums per bucket; the source's in one snapshot, with its position (PostgreSQL's
-   ``pg_current_wal_lsn()``, MariaDB's ``binlog_snapshot_file``/``_position``) taken in that snapshot.
+   ``pg_current_wal_insert_lsn()``, MariaDB's ``binlog_snapshot_file``/``_position``) taken in that snapshot.
 2. Buckets that differ are looked at again, key by key, once the table has applied everything up to that
    position (``reached``): the Delta table first, then the source in a new snapshot.
 3. Keys that still differ are looked at once more after the table has reached the second look's position,
@@ -93,36 +93,34 @@ class PostgresSource:
         import psycopg
 
         try:
-            self._connection = psycopg.connect(dsn, connect_timeout=10)
+            self._connection = psycopg.connect(dsn, connect_timeout=10, autocommit=True)
         except psycopg.Error as exc:
             raise ReconcileError(f"cannot connect to the source PostgreSQL: {_without_dsn(str(exc), dsn)}") from None
+        # Each look's transaction (``transaction()``) begins with these: one snapshot for all its statements.
+        self._connection.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        self._connection.read_only = True
         self._connection.execute("SET TIME ZONE 'UTC'")
-        self._connection.commit()
 
     def column_types(self, table: str) -> dict[str, str]:
         schema, name = _schema_and_name(table, "public")
-        with self._connection.transaction():
-            rows = self._connection.execute(
-                "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s AND "
-                "table_name = %s", (schema, name)).fetchall()
+        rows = self._connection.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s AND "
+            "table_name = %s", (schema, name)).fetchall()
         return {str(column): str(data_type) for column, data_type in rows}
 
     def look(self, query: str) -> tuple[str, Rows]:
-        self._connection.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        try:
-            # The first statement takes the snapshot: every commit it sees is before this position.
-            position = self._connection.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        with self._connection.transaction(force_rollback=True):
+            # The first statement takes the snapshot: every commit it sees is before this position. The insert
+            # position, not the write position, which an asynchronous commit's record may not have reached yet.
+            position = self._connection.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
             rows = self._connection.execute(query).fetchall()  # type: ignore[arg-type]  # built by core.reconcile
-        finally:
-            self._connection.rollback()
         assert position is not None
         return _pg_position(str(position[0])), [tuple(row) for row in rows]
 
     def confirmed_position(self) -> str | None:
-        with self._connection.transaction():
-            row = self._connection.execute(
-                "SELECT min(confirmed_flush_lsn)::text FROM pg_replication_slots WHERE slot_type = 'logical' "
-                "AND database = current_database()").fetchone()
+        row = self._connection.execute(
+            "SELECT min(confirmed_flush_lsn)::text FROM pg_replication_slots WHERE slot_type = 'logical' "
+            "AND database = current_database()").fetchone()
         return _pg_position(str(row[0])) if row is not None and row[0] is not None else None
 
     def close(self) -> None:

@@ -119,6 +119,9 @@ def test_a_quiet_table_is_caught_up_once_the_slot_confirmed_past_the_position(wo
     waiting = [0]
     reached = committed_position_reached(delta, source, lambda: waiting[0])
     try:
+        # One read-only repeatable-read snapshot per look: its statements all see the source at its position.
+        assert source.look("SELECT current_setting('transaction_isolation'), current_setting('transaction_read_only')"
+                           )[1] == [("repeatable read", "on")]
         assert source.confirmed_position() is None  # no slot yet
         world.connection.execute("SELECT pg_create_logical_replication_slot('reconcile_test', 'pgoutput')")
         world.connection.execute("CREATE TABLE inventory.other (id int)")  # the source moves on, not this table

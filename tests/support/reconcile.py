@@ -77,7 +77,7 @@ class World:
 
     def lsn_position(self) -> str:
         """A Delta position at the source's current WAL position (source part, partition 0, offset 0)."""
-        lsn = str(self.connection.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])  # type: ignore[index]
+        lsn = str(self.connection.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])  # type: ignore[index]
         high, low = lsn.split("/")
         return format((int(high, 16) << 32) + int(low, 16), "x").rjust(16, "0") + "0" * 30
 
