@@ -6,6 +6,7 @@ import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from cdc_assets.config import (
     DEFAULT_UNAVAILABLE_PLACEHOLDER,
@@ -13,10 +14,12 @@ from cdc_assets.config import (
     ConfigError,
     ConnectorConfig,
     PipelineConfig,
+    RowsMatchSourceConfig,
     TableConfig,
 )
 from cdc_assets.core.apply_modes import ApplyMode, ApplyModeName, apply_mode
 from cdc_assets.core.columns import EVERY_COLUMN, ColumnChoices
+from cdc_assets.core.reconcile import DIALECT_OF_KIND
 from cdc_assets.core.schema_evolution import RegistryEntry
 from cdc_assets.io.avro import SchemaRegistrySettings
 from cdc_assets.io.delta import DeltaTarget
@@ -51,6 +54,9 @@ class CapturedTable:
     on_truncate: str = "halt"
     checks_after_merge: ChecksAfterMerge = "blocking"  # the pipeline's: which checks its merge runs evaluate
     automation: str = "eager"  # how Dagster's declarative automation merges it (config: automation)
+    # Where rows_match_source reads the source table (None: the check is not defined for the table).
+    rows_match_source: RowsMatchSourceConfig | None = None
+    source_dsn_env: str | None = None
     schema_registry: SchemaRegistrySettings | None = None  # the connector's format is avro: its schemas
     column_choices: ColumnChoices = EVERY_COLUMN  # the columns kept, and the update nulls ignored
 
@@ -141,7 +147,17 @@ def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: T
         automation=table.automation or connector.automation,
         schema_registry=schema_registry_settings(connector),
         column_choices=table.column_choices,
+        **_rows_match_source(connector),
     )
+
+
+def _rows_match_source(connector: ConnectorConfig) -> dict[str, Any]:
+    """The table's ``rows_match_source`` settings: its connector's, or the defaults for a connector whose kind
+    the check reads and that names a DSN (a signal channel's); none otherwise."""
+    if connector.kind not in DIALECT_OF_KIND or connector.source_dsn_env is None:
+        return {}
+    return {"rows_match_source": connector.rows_match_source or RowsMatchSourceConfig(),
+            "source_dsn_env": connector.source_dsn_env}
 
 
 def _table_path(root: str, connector: ConnectorConfig, table: TableConfig, source: str) -> str:

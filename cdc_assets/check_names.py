@@ -13,3 +13,5 @@ SCHEMA_CHECK = "schema_matches_source"
 WATERMARK_CHECK = "consistent_watermark_fresh"
 # Live, on the freshness schedule: no event waits in the table's topic past its bound.
 FRESHNESS_CHECK = "freshness"
+# On demand and on its own schedule: the Delta table holds the source table's rows (cdc_assets.io.reconcile).
+ROWS_MATCH_SOURCE_CHECK = "rows_match_source"

@@ -33,6 +33,7 @@ from pydantic.fields import FieldInfo
 from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
 from cdc_assets.core.columns import EVERY_COLUMN, ColumnChoices
 from cdc_assets.core.layout import DOCUMENT_KINDS
+from cdc_assets.core.reconcile import DIALECT_OF_KIND
 from cdc_assets.io.signals import DEFAULT_DEBEZIUM_VERSION
 from cdc_assets.io.storage import check_storage
 
@@ -277,6 +278,25 @@ class SignalConfig(_Model):
         return self
 
 
+class RowsMatchSourceConfig(_Model):
+    """The ``rows_match_source`` checks of a connector's tables (``cdc_assets.io.reconcile``): each compares its
+    Delta table with the source table through a read-only connection. Runnable from the UI whenever the connector
+    names a DSN; on a schedule only with a ``cron`` (stopped unless ``running``)."""
+
+    dsn_env: str | None = Field(default=None, description=(
+        "env var with a read-only connection string to the source database (PostgreSQL: a libpq DSN; MariaDB or "
+        "MySQL: mariadb://user:password@host:port/database); default: the signal channel's dsn_env"))
+    cron: str | None = Field(default=None, description="the checks' schedule (every table of the connector)")
+    running: bool = False
+    timezone: str = "UTC"
+    buckets: int = Field(default=256, gt=0, le=65536, description=(
+        "key buckets each table is split into: a bucket that differs is read again key by key"))
+    settle_timeout_s: float = Field(default=300.0, gt=0, description=(
+        "how long a check waits for the table to apply the changes that were in flight when it first looked; "
+        "a bucket still waiting is reported as unsettled (a warning), never as drift"))
+    sample_keys: int = Field(default=5, gt=0, description="keys named per drifted bucket")
+
+
 class SnapshotScheduleConfig(_Model):
     """A cron schedule that requests an incremental snapshot of some tables (e.g. a weekly repair)."""
 
@@ -324,6 +344,7 @@ class ConnectorConfig(_Model):
     include: list[str] = Field(default_factory=list, description="regexes over '<schema>.<table>'")
     signal: SignalConfig | None = None
     snapshot_schedules: list[SnapshotScheduleConfig] = Field(default_factory=list)
+    rows_match_source: RowsMatchSourceConfig | None = None
     transaction_metadata: bool = Field(default=False, description="provide.transaction.metadata is on")
     unavailable_value_placeholder: str = Field(
         default=DEFAULT_UNAVAILABLE_PLACEHOLDER, alias="unavailable.value.placeholder", min_length=1,
@@ -391,7 +412,21 @@ class ConnectorConfig(_Model):
                                  f"{self.kind} rows are whole documents")
         if self.snapshot_schedules and self.signal is None:
             raise ValueError(f"connector '{self.name}' has snapshot_schedules but no signal channel")
+        if self.rows_match_source is not None:
+            if self.kind not in DIALECT_OF_KIND:
+                raise ValueError(f"connector '{self.name}': rows_match_source reads PostgreSQL, MariaDB and MySQL "
+                                 f"sources only, not {self.kind}")
+            if self.source_dsn_env is None:
+                raise ValueError(f"connector '{self.name}': rows_match_source needs dsn_env (or a signal channel "
+                                 "with dsn_env)")
         return self
+
+    @property
+    def source_dsn_env(self) -> str | None:
+        """The env var naming a connection string of the source database: ``rows_match_source.dsn_env``, else
+        the signal channel's ``dsn_env``."""
+        own = self.rows_match_source.dsn_env if self.rows_match_source is not None else None
+        return own or (self.signal.dsn_env if self.signal is not None else None)
 
 
 # Which table checks a merge run evaluates (``cdc_assets.checks.evaluated_after_merge``).

@@ -9,7 +9,7 @@ from dagster import Definitions, definitions, in_process_executor
 
 from cdc_assets.assets import build_connector_assets, merge_op_name
 from cdc_assets.catalog import CapturedTable, resolve_tables, table_finder
-from cdc_assets.checks import build_freshness_checks, build_scheduled_table_checks
+from cdc_assets.checks import build_freshness_checks, build_rows_match_source_checks, build_scheduled_table_checks
 from cdc_assets.config import PipelineConfig, load_config
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka import KafkaSource
@@ -26,6 +26,7 @@ from jobs import (
     build_merge_job,
     build_merge_schedules,
     build_preflight_job,
+    build_rows_match_source_job,
     build_snapshot_schedules,
     incremental_snapshot_job,
     pause_snapshot_job,
@@ -105,8 +106,16 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     live_keys = {translator.get_asset_key(table) for table in live}
     scheduled_checks = [key for op in scheduled_ops for key in op.check_keys if key.asset_key in live_keys]
     freshness_job = build_freshness_job(scheduled_checks)
-    merge_job = build_merge_job(scheduled_checks)
-    ui_merge_job = build_merge_job(scheduled_checks, UI_MERGE_JOB)  # the job the UI's Materialize runs
+    # rows_match_source: on demand (the UI) and on the connector's own schedule, in no merge or freshness run.
+    source_ops = [(connector, op) for connector, suffix, group in groups
+                  if (op := build_rows_match_source_checks(
+                      f"{dagster_name(connector)}_rows_match_source{suffix}", group, translator)) is not None]
+    source_checks = [key for _, op in source_ops for key in op.check_keys]
+    source_jobs = [build_rows_match_source_job(connector, [key for name, op in source_ops if name == connector.name
+                                                           for key in op.check_keys])
+                   for connector in config.connectors if any(name == connector.name for name, _ in source_ops)]
+    merge_job = build_merge_job([*scheduled_checks, *source_checks])
+    ui_merge_job = build_merge_job([*scheduled_checks, *source_checks], UI_MERGE_JOB)  # the UI's Materialize
     compaction_job = build_compaction_job(config, live)
     transactional: dict[str, dict[str, DeltaTarget]] = {}
     for table in tables:
@@ -126,11 +135,12 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
                                          name=merge_op_name(connector) + suffix)
                   for connector, suffix, group in groups),
                 *([build_topic_sources(tables, kafka_settings, translator)] if tables else [])],
-        asset_checks=scheduled_ops,
+        asset_checks=[*scheduled_ops, *(op for _, op in source_ops)],
         jobs=[merge_job, ui_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job,
               resume_snapshot_job, apply_schema_change_job, freshness_job, compaction_job,
-              build_preflight_job(config)],
+              build_preflight_job(config), *(job for job, _ in source_jobs)],
         schedules=[*build_merge_schedules(config, merge_job, tables, kafka_settings, translator),
+                   *(schedule for _, schedule in source_jobs if schedule is not None),
                    *build_snapshot_schedules(config),
                    build_freshness_schedule(config, freshness_job), build_compaction_schedule(config, compaction_job)],
         sensors=sensors,

@@ -4,6 +4,7 @@ from jobs.compaction import build_compaction_job, build_compaction_schedule
 from jobs.freshness import build_freshness_job, build_freshness_schedule
 from jobs.merge import build_merge_job, build_merge_schedules
 from jobs.preflight import build_preflight_job
+from jobs.reconcile import build_rows_match_source_job
 from jobs.schema_changes import build_apply_schema_change_job
 from jobs.snapshots import (
     build_snapshot_schedules,
@@ -23,6 +24,7 @@ __all__ = [
     "build_merge_job",
     "build_merge_schedules",
     "build_preflight_job",
+    "build_rows_match_source_job",
     "build_snapshot_schedules",
     "execute_snapshot_run_config",
     "incremental_snapshot_job",

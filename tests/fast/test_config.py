@@ -172,3 +172,25 @@ def test_each_setting_has_one_variable_and_the_address_hint_names_the_config_loa
     assert build_resources(load_config(mine))["kafka"].address_source == where
     assert parse_config(VALID, source="inline.yaml").where_set("kafka.bootstrap_servers") == \
         "kafka.bootstrap_servers in inline.yaml"
+
+
+def test_rows_match_source_needs_a_kind_it_reads_and_a_dsn_and_falls_back_to_the_signal_channels():
+    base = """\
+kafka: {bootstrap_servers: "k:9092"}
+delta: {root: /tmp/lake}
+connectors:
+  - name: c
+    kind: KIND
+    topic.prefix: p
+    tables: [{name: s.t}]
+"""
+    with pytest.raises(ConfigError, match="rows_match_source reads PostgreSQL, MariaDB and MySQL sources only"):
+        parse_config(base.replace("KIND", "sqlserver") + "    rows_match_source: {dsn_env: X}\n")
+    with pytest.raises(ConfigError, match="rows_match_source needs dsn_env"):
+        parse_config(base.replace("KIND", "mariadb") + "    rows_match_source: {cron: '0 3 * * *'}\n")
+    signalled = base.replace("KIND", "postgresql") + (
+        "    signal: {channel: source, table: s.signal, dsn_env: SIGNAL_DSN}\n")
+    [connector] = parse_config(signalled).connectors
+    assert connector.source_dsn_env == "SIGNAL_DSN" and connector.rows_match_source is None
+    [connector] = parse_config(signalled + "    rows_match_source: {dsn_env: READONLY_DSN}\n").connectors
+    assert connector.source_dsn_env == "READONLY_DSN"

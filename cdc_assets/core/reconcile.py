@@ -1,0 +1,302 @@
+"""Comparing a Delta table with its source table where each lives: the SQL that gives every row the same
+canonical text on the source database (PostgreSQL, MariaDB/MySQL) and in Spark, and what the counts and
+checksums of both sides say.
+
+Rows are split into key buckets by a hash of the key, ``md5(key text)`` read as a number, modulo the bucket
+count. Both sides compute it from the same canonical text with the same functions (md5 and hexadecimal
+digits), so a row lands in the same bucket on both whatever their collations, orderings or key types; ordered
+key ranges would need both engines to sort keys alike (text collations, composite keys, Spark's byte order),
+which they do not. A bucket's checksum is the row count and the sum of the first 15 hexadecimal digits of each
+row's ``md5``: order-independent, and exact in both engines' decimal sums.
+
+Each column is written as a canonical text chosen by its Delta type (the type the project's rules in
+``core.types`` gave the Debezium value) and the source's type, so that equal values read alike:
+
+| Delta type     | canonical text                                                              |
+|----------------|-----------------------------------------------------------------------------|
+| bigint and other integers | decimal digits                                                  |
+| boolean        | ``true`` / ``false``                                                        |
+| decimal (or the string of a wider numeric) | the exact decimal, trailing fractional zeros removed |
+| double         | 15 significant digits in scientific notation (PostgreSQL's ``real``: its shortest text's) |
+| date           | ``YYYY-MM-DD``                                                              |
+| timestamp_ntz  | ``YYYY-MM-DD HH:MM:SS.ffffff`` (the wall clock)                             |
+| timestamp      | microseconds since the epoch (the instant, whatever the session's zone)     |
+| binary         | upper-case hexadecimal                                                      |
+| string of a source ``time`` | ``HH:MM:SS.ffffff``                                            |
+| other strings (text, JSON, UUID, enums) | the text as is                                     |
+
+A null is ``~``, any other value its length, ``:`` and its text, so no two rows run together alike.
+A column with no rule here (structs, arrays, doubles on MariaDB) is left out of the comparison, and named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from pyspark.sql import types as T
+
+from cdc_assets.core.apply_modes import ApplyMode
+from cdc_assets.core.layout import DELETED_COLUMN, HIDDEN_PREFIX
+
+Dialect = Literal["postgresql", "mysql", "spark"]
+Canonical = Literal["integer", "boolean", "decimal", "double", "date", "wall_time", "instant", "bytes", "time",
+                    "text"]
+# Source kinds whose database this module reads (MariaDB's connector is the MySQL family's).
+DIALECT_OF_KIND: dict[str, Dialect] = {"postgresql": "postgresql", "mysql": "mysql", "mariadb": "mysql"}
+
+NULL_TEXT = "~"
+_HASH_DIGITS = 15  # a row's checksum part: 60 bits, summed exactly as decimals on both sides
+_BUCKET_DIGITS = 8
+
+_NUMERIC_SOURCE = {"numeric", "decimal", "money"}
+_TIME_SOURCE = {"time", "time without time zone"}
+_INTEGER_TYPES = (T.LongType, T.IntegerType, T.ShortType, T.ByteType)
+
+
+@dataclass(frozen=True)
+class ComparedColumn:
+    """One column both sides compare: its name and the canonical text it is written as."""
+
+    name: str
+    canonical: Canonical
+    source_type: str = ""
+
+
+def canonical_of(delta_type: T.DataType, source_type: str, dialect: Dialect) -> Canonical | None:
+    """The canonical text of a column of ``delta_type`` whose source column is of ``source_type`` (the
+    database's ``information_schema`` data type), or None when this module has no rule that both sides
+    compute alike."""
+    source = source_type.lower()
+    if isinstance(delta_type, _INTEGER_TYPES):
+        return "integer"
+    if isinstance(delta_type, T.BooleanType):
+        return "boolean"
+    if isinstance(delta_type, T.DecimalType):
+        return "decimal"
+    if isinstance(delta_type, (T.DoubleType, T.FloatType)):
+        return "double" if dialect == "postgresql" else None  # MariaDB has no scientific-notation formatting
+    if isinstance(delta_type, T.DateType):
+        return "date"
+    if isinstance(delta_type, T.TimestampNTZType):
+        return "wall_time"
+    if isinstance(delta_type, T.TimestampType):
+        return "instant"
+    if isinstance(delta_type, T.BinaryType):
+        return "bytes"
+    if isinstance(delta_type, T.StringType):
+        if source in _NUMERIC_SOURCE:
+            return "decimal"
+        if source in _TIME_SOURCE:
+            return "time"
+        return "text"
+    return None
+
+
+def compared_columns(delta_schema: T.StructType, source_types: Mapping[str, str], dialect: Dialect
+                     ) -> tuple[list[ComparedColumn], list[str]]:
+    """The row columns of the Delta table (hidden ``_cdc_`` columns left out) that both sides compare, and the
+    names of those left out: absent at the source, or of a type with no common canonical text."""
+    compared: list[ComparedColumn] = []
+    left_out: list[str] = []
+    for field in delta_schema.fields:
+        if field.name.startswith(HIDDEN_PREFIX):
+            continue
+        source_type = source_types.get(field.name)
+        canonical = canonical_of(field.dataType, source_type, dialect) if source_type is not None else None
+        if canonical is None:
+            left_out.append(field.name)
+        else:
+            compared.append(ComparedColumn(field.name, canonical, source_type or ""))
+    return compared, left_out
+
+
+def quote(name: str, dialect: Dialect) -> str:
+    """An identifier quoted for ``dialect``."""
+    if dialect == "postgresql":
+        return '"' + name.replace('"', '""') + '"'
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _strip_zeros(text: str, dialect: Dialect) -> str:
+    """A decimal's text without trailing fractional zeros (and without a point left bare)."""
+    # Spark's and MariaDB's string literals take a backslash as an escape, PostgreSQL's (standard) do not.
+    escape = "\\" if dialect == "postgresql" else "\\\\"
+    group = "$1" if dialect == "spark" else f"{escape}1"
+    inner = f"regexp_replace({text}, '({escape}.[0-9]*[1-9])0+$', '{group}')"
+    return f"regexp_replace({inner}, '{escape}.0+$', '')"
+
+
+def value_text(column: ComparedColumn, dialect: Dialect) -> str:
+    """The SQL of ``column``'s canonical text in ``dialect`` (null for a null value)."""
+    c = quote(column.name, dialect)
+    kind = column.canonical
+    if dialect == "spark":
+        return {
+            "integer": f"CAST({c} AS STRING)", "boolean": f"CAST({c} AS STRING)",
+            "decimal": _strip_zeros(f"CAST({c} AS STRING)", dialect),
+            "double": f"format_string('%.14e', {c})",
+            "date": f"date_format({c}, 'yyyy-MM-dd')",
+            "wall_time": f"date_format({c}, 'yyyy-MM-dd HH:mm:ss.SSSSSS')",
+            "instant": f"CAST(unix_micros({c}) AS STRING)",
+            "bytes": f"hex({c})", "time": c, "text": c,
+        }[kind]
+    if dialect == "postgresql":
+        # A real's exact binary value is not what Debezium sends: its shortest text is.
+        number = f"{c}::text::float8" if column.source_type == "real" else f"{c}::float8"
+        return {
+            "integer": f"{c}::text", "boolean": f"{c}::text",
+            "decimal": _strip_zeros(f"{c}::numeric::text", dialect),
+            # NaN and the infinities print as Java's formatter writes them.
+            "double": f"CASE WHEN {number} IN ('NaN', 'Infinity', '-Infinity') THEN {number}::text "
+                      f"ELSE ltrim(to_char({number}, '9.99999999999999EEEE')) END",
+            "date": f"to_char({c}, 'YYYY-MM-DD')",
+            "wall_time": f"to_char({c}, 'YYYY-MM-DD HH24:MI:SS.US')",
+            "instant": f"(extract(epoch from {c}) * 1000000)::numeric(30, 0)::text",
+            "bytes": f"upper(encode({c}, 'hex'))",
+            "time": f"to_char({c}::interval, 'HH24:MI:SS.US')", "text": f"{c}::text",
+        }[kind]
+    return {
+        "integer": f"CAST({c} AS CHAR)", "boolean": f"CAST({c} AS CHAR)",
+        "decimal": _strip_zeros(f"CAST({c} AS CHAR)", dialect),
+        "date": f"DATE_FORMAT({c}, '%Y-%m-%d')",
+        "wall_time": f"DATE_FORMAT({c}, '%Y-%m-%d %H:%i:%s.%f')",
+        # The session's time zone is UTC (io.reconcile), so the epoch seconds are the instant's.
+        "instant": f"CAST(UNIX_TIMESTAMP({c}) * 1000000 AS DECIMAL(30, 0))",
+        "bytes": f"HEX({c})", "time": f"TIME_FORMAT({c}, '%H:%i:%s.%f')", "text": f"CAST({c} AS CHAR)",
+    }[kind]
+
+
+def _part(text: str, dialect: Dialect) -> str:
+    """A value's text prefixed with its length, or the null text: parts never run together alike."""
+    if dialect == "spark":
+        return f"coalesce(concat(CAST(char_length({text}) AS STRING), ':', {text}), '{NULL_TEXT}')"
+    if dialect == "postgresql":
+        return f"coalesce(length({text})::text || ':' || {text}, '{NULL_TEXT}')"
+    return f"COALESCE(CONCAT(CHAR_LENGTH({text}), ':', {text}), '{NULL_TEXT}')"
+
+
+def row_text(columns: Sequence[ComparedColumn], dialect: Dialect) -> str:
+    """The SQL of the canonical text of a row's ``columns``."""
+    return f"concat_ws('|', {', '.join(_part(value_text(column, dialect), dialect) for column in columns)})"
+
+
+def _hex_number(text: str, digits: int, dialect: Dialect) -> str:
+    """The first ``digits`` hexadecimal digits of ``md5(text)`` as a non-negative integer."""
+    if dialect == "spark":
+        return f"CAST(conv(substr(md5({text}), 1, {digits}), 16, 10) AS DECIMAL(38, 0))"
+    if dialect == "postgresql":
+        return f"('x' || substr(md5({text}), 1, {digits}))::bit({digits * 4})::bigint"
+    return f"CAST(CONV(SUBSTR(MD5({text}), 1, {digits}), 16, 10) AS UNSIGNED)"
+
+
+def bucket_of(key_columns: Sequence[ComparedColumn], buckets: int, dialect: Dialect) -> str:
+    """The SQL of a row's key bucket, ``0 .. buckets - 1``: the same number on every side."""
+    return f"MOD({_hex_number(row_text(key_columns, dialect), _BUCKET_DIGITS, dialect)}, {buckets})"
+
+
+def key_display(key_columns: Sequence[ComparedColumn], dialect: Dialect) -> str:
+    """The SQL of a key as a person reads it: its values' canonical texts, comma-separated."""
+    parts = [f"coalesce({value_text(column, dialect)}, 'null')" for column in key_columns]
+    return f"concat_ws(', ', {', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class TableQueries:
+    """The queries of one side of one table: per bucket (count, checksum), and per row of some buckets its
+    key's text, the key as displayed and the row's md5."""
+
+    relation: str
+    key_columns: tuple[ComparedColumn, ...]
+    columns: tuple[ComparedColumn, ...]
+    buckets: int
+    dialect: Dialect
+    where: str | None = None  # which rows of the relation stand for the table's rows (apply mode)
+
+    def _filter(self, extra: str | None = None) -> str:
+        conditions = [condition for condition in (self.where, extra) if condition]
+        return f" WHERE {' AND '.join(conditions)}" if conditions else ""
+
+    def checksums(self) -> str:
+        """``bucket, rows, checksum`` per non-empty bucket."""
+        bucket = bucket_of(self.key_columns, self.buckets, self.dialect)
+        checksum = _hex_number(row_text(self.columns, self.dialect), _HASH_DIGITS, self.dialect)
+        return (f"SELECT b, COUNT(*), SUM(h) FROM (SELECT {bucket} AS b, {checksum} AS h FROM {self.relation}"
+                f"{self._filter()}) AS rows_of_buckets GROUP BY b")
+
+    def rows_in(self, buckets: Sequence[int]) -> str:
+        """``key text, key as displayed, row md5, bucket`` of each row in ``buckets``."""
+        bucket = bucket_of(self.key_columns, self.buckets, self.dialect)
+        within = f"{bucket} IN ({', '.join(str(int(b)) for b in sorted(buckets))})"
+        return (f"SELECT {row_text(self.key_columns, self.dialect)}, {key_display(self.key_columns, self.dialect)}, "
+                f"md5({row_text(self.columns, self.dialect)}), {bucket} FROM {self.relation}{self._filter(within)}")
+
+
+def live_rows(mode: ApplyMode, dialect: Dialect = "spark") -> str | None:
+    """Which rows of a Delta table in ``mode`` stand for the source's rows: scd1 every row, soft_delete those
+    not marked deleted, scd2 the current versions."""
+    if mode.current_column is not None:
+        return quote(mode.current_column, dialect)
+    if any(field.name == DELETED_COLUMN for field in mode.hidden_fields):
+        return f"NOT coalesce({quote(DELETED_COLUMN, dialect)}, false)"
+    return None
+
+
+BucketSums = dict[int, tuple[int, int]]
+
+
+def differing_buckets(source: BucketSums, delta: BucketSums) -> list[int]:
+    """The buckets whose count or checksum differs between the two sides (absent: empty)."""
+    return sorted(b for b in {*source, *delta} if source.get(b, (0, 0)) != delta.get(b, (0, 0)))
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    """One row of a bucket as ``TableQueries.rows_in`` reads it."""
+
+    display: str  # the key as a person reads it
+    digest: str  # the md5 of the row's canonical text
+    bucket: int
+    copies: int = 1  # rows with the key (more than one: a duplicated key, such as two current scd2 versions)
+
+
+KeyRows = dict[str, KeyRow]  # by the key's canonical text
+
+
+def key_rows(rows: Iterable[Sequence[Any]]) -> KeyRows:
+    """``TableQueries.rows_in``'s rows by key text, a key's rows counted."""
+    found: KeyRows = {}
+    for key, display, digest, bucket in rows:
+        seen = found.get(str(key))
+        found[str(key)] = (KeyRow(str(display), str(digest), int(bucket)) if seen is None
+                           else replace(seen, copies=seen.copies + 1))
+    return found
+
+
+@dataclass(frozen=True)
+class KeyDifference:
+    """A key whose row differs: ``missing`` (in the source, not in Delta), ``extra`` (in Delta only, or in more
+    rows than at the source) or ``different`` (values differ)."""
+
+    key: str
+    display: str
+    kind: Literal["missing", "extra", "different"]
+    bucket: int
+
+
+def key_differences(source: KeyRows, delta: KeyRows) -> dict[str, KeyDifference]:
+    """The keys whose rows differ between the two sides, by key text."""
+    found: dict[str, KeyDifference] = {}
+    for key in {*source, *delta}:
+        mine, theirs = source.get(key), delta.get(key)
+        if mine is None:
+            assert theirs is not None
+            found[key] = KeyDifference(key, theirs.display, "extra", theirs.bucket)
+        elif theirs is None or theirs.copies < mine.copies:
+            found[key] = KeyDifference(key, mine.display, "missing", mine.bucket)
+        elif theirs.copies > mine.copies:
+            found[key] = KeyDifference(key, mine.display, "extra", mine.bucket)
+        elif mine.digest != theirs.digest:
+            found[key] = KeyDifference(key, mine.display, "different", mine.bucket)
+    return found

@@ -1,0 +1,401 @@
+"""Whether a Delta table holds its source table's rows: counts and checksums per key bucket computed where
+the data lives (aggregate SQL in PostgreSQL or MariaDB/MySQL through a read-only connection, Spark SQL on the
+Delta table; ``core.reconcile`` writes both), and only the rows of buckets that differ read as (key, md5).
+
+The source keeps changing while this looks, so a difference is drift only once it outlived the changes in
+flight (``reconcile``):
+
+1. Both sides' checksums per bucket; the source's in one snapshot, with its position (PostgreSQL's
+   ``pg_current_wal_insert_lsn()``, MariaDB's ``binlog_snapshot_file``/``_position``) taken in that snapshot.
+2. Buckets that differ are looked at again, key by key, once the table has applied everything up to that
+   position (``reached``): the Delta table first, then the source in a new snapshot.
+3. Keys that still differ are looked at once more after the table has reached the second look's position,
+   Delta first again. A key is drift when its source row did not change between the second and third looks
+   (same md5: so the Delta table, which has applied everything up to the second look and nothing after the
+   third, holds exactly the changes the source made to it) and Delta still differs. A key whose source row
+   changed in between is in flight, never drift.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from cdc_assets.core.apply_modes import ApplyMode
+from cdc_assets.core.position import source_position_of
+from cdc_assets.core.reconcile import (
+    DIALECT_OF_KIND,
+    BucketSums,
+    ComparedColumn,
+    Dialect,
+    KeyDifference,
+    KeyRows,
+    TableQueries,
+    compared_columns,
+    differing_buckets,
+    key_differences,
+    key_rows,
+    live_rows,
+    quote,
+)
+from cdc_assets.io.signals import MySQLAddress, mysql_address
+
+
+class ReconcileError(RuntimeError):
+    """The comparison could not be made: a source it cannot reach or read, a table it cannot compare."""
+
+
+Rows = list[tuple[Any, ...]]
+
+
+class SourceDatabase(Protocol):
+    """A read-only connection to the source database."""
+
+    dialect: Dialect
+
+    def column_types(self, table: str) -> dict[str, str]:
+        """The data type of each column of ``table`` (``schema.table``), as ``information_schema`` names it."""
+        ...
+
+    def look(self, query: str) -> tuple[str, Rows]:
+        """``query``'s rows read in one snapshot, with the source position of that snapshot (the connector
+        kind's fixed-width form, ``core.position``)."""
+        ...
+
+    def confirmed_position(self) -> str | None:
+        """The position up to which the connector has confirmed reading the source (PostgreSQL: the smallest
+        ``confirmed_flush_lsn`` of the database's logical slots), or None where the database does not know."""
+        ...
+
+    def close(self) -> None:
+        """Close the connection."""
+        ...
+
+
+def _pg_position(lsn: str) -> str:
+    high, low = lsn.split("/")
+    return source_position_of({"lsn": (int(high, 16) << 32) + int(low, 16)}, "postgresql")
+
+
+class PostgresSource:
+    """PostgreSQL through psycopg: each look a read-only repeatable-read transaction."""
+
+    dialect: Dialect = "postgresql"
+
+    def __init__(self, dsn: str):
+        import psycopg
+
+        try:
+            self._connection = psycopg.connect(dsn, connect_timeout=10, autocommit=True)
+        except psycopg.Error as exc:
+            raise ReconcileError(f"cannot connect to the source PostgreSQL: {_without_dsn(str(exc), dsn)}") from None
+        # Each look's transaction (``transaction()``) begins with these: one snapshot for all its statements.
+        self._connection.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        self._connection.read_only = True
+        self._connection.execute("SET TIME ZONE 'UTC'")
+
+    def column_types(self, table: str) -> dict[str, str]:
+        schema, name = _schema_and_name(table, "public")
+        rows = self._connection.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = %s AND "
+            "table_name = %s", (schema, name)).fetchall()
+        return {str(column): str(data_type) for column, data_type in rows}
+
+    def look(self, query: str) -> tuple[str, Rows]:
+        with self._connection.transaction(force_rollback=True):
+            # The first statement takes the snapshot: every commit it sees is before this position. The insert
+            # position, not the write position, which an asynchronous commit's record may not have reached yet.
+            position = self._connection.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+            rows = self._connection.execute(query).fetchall()  # type: ignore[arg-type]  # built by core.reconcile
+        assert position is not None
+        return _pg_position(str(position[0])), [tuple(row) for row in rows]
+
+    def confirmed_position(self) -> str | None:
+        row = self._connection.execute(
+            "SELECT min(confirmed_flush_lsn)::text FROM pg_replication_slots WHERE slot_type = 'logical' "
+            "AND database = current_database()").fetchone()
+        return _pg_position(str(row[0])) if row is not None and row[0] is not None else None
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+class MySQLSource:
+    """MariaDB or MySQL through PyMySQL: each look a read-only transaction with a consistent snapshot, whose
+    binlog position MariaDB reports as ``binlog_snapshot_file`` / ``binlog_snapshot_position``."""
+
+    dialect: Dialect = "mysql"
+
+    def __init__(self, address: MySQLAddress):
+        import pymysql
+
+        try:
+            self._connection = pymysql.connect(host=address.host, port=address.port, user=address.user,
+                                               password=address.password, database=address.database,
+                                               charset="utf8mb4", connect_timeout=10, autocommit=True)
+        except pymysql.err.MySQLError as exc:
+            raise ReconcileError(f"cannot connect to the source database at {address.host}:{address.port}: "
+                                 f"{exc}") from None
+        with self._connection.cursor() as cursor:
+            cursor.execute("SET time_zone = '+00:00'")
+
+    def column_types(self, table: str) -> dict[str, str]:
+        schema, name = _schema_and_name(table, None)
+        with self._connection.cursor() as cursor:
+            cursor.execute("SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = "
+                           "COALESCE(%s, DATABASE()) AND table_name = %s", (schema, name))
+            return {str(column): str(data_type) for column, data_type in cursor.fetchall()}
+
+    def look(self, query: str) -> tuple[str, Rows]:
+        with self._connection.cursor() as cursor:
+            cursor.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            try:
+                cursor.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+                status = {str(name): str(value) for name, value in cursor.fetchall()}
+                cursor.execute(query)
+                rows = [tuple(row) for row in cursor.fetchall()]
+            finally:
+                cursor.execute("ROLLBACK")
+        if "Binlog_snapshot_file" not in status:
+            raise ReconcileError("the source reports no binlog_snapshot_file: binary logging is off, or the "
+                                 "server is not MariaDB")
+        position = source_position_of({"file": status["Binlog_snapshot_file"],
+                                       "pos": status["Binlog_snapshot_position"], "row": 0}, "mariadb")
+        return position, rows
+
+    def confirmed_position(self) -> str | None:
+        return None  # the connector's binlog position is kept in Kafka Connect's offsets, not in the server
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+def _schema_and_name(table: str, default_schema: str | None) -> tuple[str | None, str]:
+    schema, _, name = table.rpartition(".")
+    return schema or default_schema, name
+
+
+def _without_dsn(message: str, dsn: str) -> str:
+    return message.replace(dsn, "<dsn>")
+
+
+def open_source(kind: str, dsn: str) -> SourceDatabase:
+    """A read-only connection to the source database of a connector of ``kind`` at ``dsn`` (PostgreSQL: a
+    libpq DSN; MariaDB/MySQL: ``mariadb://user:password@host:port/database``)."""
+    dialect = DIALECT_OF_KIND.get(kind)
+    if dialect is None:
+        raise ReconcileError(f"rows_match_source cannot read a {kind} source (PostgreSQL, MariaDB and MySQL only)")
+    address = mysql_address(dsn)
+    if dialect == "mysql":
+        if address is None:
+            raise ReconcileError(f"a {kind} source needs a mysql:// or mariadb:// DSN")
+        return MySQLSource(address)
+    if address is not None:
+        raise ReconcileError(f"a {kind} source needs a PostgreSQL (libpq) DSN, not a {dsn.split(':')[0]}:// one")
+    return PostgresSource(dsn)
+
+
+class DeltaSide:
+    """The Delta table in Spark: its rows that stand for the source's (``core.reconcile.live_rows``) in a
+    temporary view, read again at every query (each sees the table's latest version)."""
+
+    def __init__(self, spark: SparkSession, path: str, mode: ApplyMode):
+        self._spark, self._path, self.mode = spark, path, mode
+        self.view = f"rows_match_source_{uuid.uuid4().hex}"
+
+    def schema(self) -> T.StructType:
+        """The Delta table's schema."""
+        return self._spark.read.format("delta").load(self._path).schema
+
+    def query(self, sql: str) -> Rows:
+        """``sql`` (on ``self.view``) against the table's latest version."""
+        self._spark.read.format("delta").load(self._path).createOrReplaceTempView(self.view)
+        return [tuple(row) for row in self._spark.sql(sql).collect()]
+
+    def position(self) -> str:
+        """The newest source position of a change the table holds (its apply mode's ``changed_at_column``): a
+        lower bound of what it has applied (an scd1 delete leaves no row to read it from)."""
+        column = quote(self.mode.changed_at_column, "spark")
+        newest = self.query(f"SELECT max({column}) FROM {self.view}")[0][0]
+        return str(newest or "")
+
+    def close(self) -> None:
+        """Drop the temporary view."""
+        self._spark.catalog.dropTempView(self.view)
+
+
+@dataclass
+class DriftedBucket:
+    """A key bucket whose rows differ after the changes in flight were applied."""
+
+    bucket: int
+    differences: list[KeyDifference]
+
+    def counts(self) -> dict[str, int]:
+        """How many keys are missing, extra and different."""
+        kinds = [difference.kind for difference in self.differences]
+        return {kind: kinds.count(kind) for kind in ("missing", "extra", "different")}
+
+
+@dataclass
+class Reconciliation:
+    """What one comparison found."""
+
+    buckets: int
+    columns: list[str]
+    left_out: list[str]
+    source_rows: int = 0
+    delta_rows: int = 0
+    first_position: str = ""
+    last_position: str = ""
+    differing_first: list[int] = field(default_factory=list)  # buckets that differed at the first look
+    drifted: list[DriftedBucket] = field(default_factory=list)
+    in_flight_keys: int = 0  # keys whose source row changed between the last two looks
+    unsettled: list[int] = field(default_factory=list)  # buckets the table did not catch up on in time
+    source_s: float = 0.0
+    delta_s: float = 0.0
+    waited_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        """No drift, and no bucket left unsettled."""
+        return not self.drifted and not self.unsettled
+
+
+Reached = Callable[[str], bool]
+
+
+def committed_position_reached(delta: DeltaSide, source: SourceDatabase,
+                               events_waiting: Callable[[], int] | None = None) -> Reached:
+    """Whether the table has applied every change of the source up to a position: its newest change is at or
+    past it (``DeltaSide.position``); or, for a table with no change since (a quiet table's newest change stays
+    behind the source's position for ever), the connector has confirmed reading the source past it
+    (``SourceDatabase.confirmed_position``: it has written every event up to there to Kafka) and then
+    ``events_waiting`` says no event of the table waits in its topic unmerged."""
+
+    def reached(position: str) -> bool:
+        if delta.position()[:len(position)] >= position:
+            return True
+        if events_waiting is None:
+            return False
+        confirmed = source.confirmed_position()
+        return confirmed is not None and confirmed >= position and events_waiting() == 0
+
+    return reached
+
+
+class _Clock:
+    """Seconds spent on each side."""
+
+    def __init__(self, result: Reconciliation):
+        self._result = result
+
+    @contextlib.contextmanager
+    def source(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._result.source_s += time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def delta(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._result.delta_s += time.perf_counter() - start
+
+
+def _sums(rows: Rows) -> BucketSums:
+    return {int(b): (int(count), int(total)) for b, count, total in rows}
+
+
+def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns: Sequence[str],
+              buckets: int = 256, reached: Reached | None = None, settle_timeout_s: float = 300.0,
+              poll_s: float = 2.0) -> Reconciliation:
+    """Compare the Delta table of ``delta`` with ``table`` (``schema.table``) of ``source`` over ``key_columns``
+    split into ``buckets``; ``reached``: whether the table has applied the source up to a position (default
+    ``committed_position_reached``), waited for at most ``settle_timeout_s`` before each look again, polled
+    every ``poll_s``."""
+    reached = reached or committed_position_reached(delta, source)
+    source_types = source.column_types(table)
+    if not source_types:
+        raise ReconcileError(f"the source has no table {table} (or this connection may not read it)")
+    columns, left_out = compared_columns(delta.schema(), source_types, source.dialect)
+    by_name = {column.name: column for column in columns}
+    missing_keys = [name for name in key_columns if name not in by_name]
+    if missing_keys:
+        raise ReconcileError(f"{table}: key column(s) {missing_keys} cannot be compared (absent on one side, or of "
+                             "a type with no common text)")
+    keys: tuple[ComparedColumn, ...] = tuple(by_name[name] for name in key_columns)
+    mine = TableQueries(".".join(quote(part, source.dialect) for part in table.split(".")), keys, tuple(columns),
+                        buckets, source.dialect)
+    theirs = TableQueries(delta.view, keys, tuple(columns), buckets, "spark", live_rows(delta.mode))
+    result = Reconciliation(buckets, [column.name for column in columns], left_out)
+    clock = _Clock(result)
+
+    with clock.delta():
+        delta_sums = _sums(delta.query(theirs.checksums()))
+    with clock.source():
+        position, source_rows = source.look(mine.checksums())
+    source_sums = _sums(source_rows)
+    result.source_rows = sum(count for count, _ in source_sums.values())
+    result.delta_rows = sum(count for count, _ in delta_sums.values())
+    result.first_position = result.last_position = position
+    differing = result.differing_first = differing_buckets(source_sums, delta_sums)
+
+    previous: dict[str, KeyDifference] | None = None
+    previous_source: KeyRows = {}
+    while differing:
+        if not _wait(reached, position, settle_timeout_s, poll_s, result):
+            result.unsettled = differing
+            return result
+        with clock.delta():  # Delta first: it then holds nothing the source's snapshot below does not
+            delta_keys = key_rows(delta.query(theirs.rows_in(differing)))
+        with clock.source():
+            position, source_rows = source.look(mine.rows_in(differing))
+        result.last_position = position
+        source_keys = key_rows(source_rows)
+        found = key_differences(source_keys, delta_keys)
+        if previous is None:
+            previous, previous_source = found, source_keys
+            differing = sorted({difference.bucket for difference in found.values()})
+            continue
+        steady = {key: difference for key, difference in found.items()
+                  if key in previous and _digest(source_keys, key) == _digest(previous_source, key)}
+        result.in_flight_keys = len(found) - len(steady)
+        by_bucket: dict[int, list[KeyDifference]] = {}
+        for difference in steady.values():
+            by_bucket.setdefault(difference.bucket, []).append(difference)
+        result.drifted = [DriftedBucket(b, differences) for b, differences in sorted(by_bucket.items())]
+        for drifted in result.drifted:
+            drifted.differences.sort(key=lambda d: d.display)
+        break
+    return result
+
+
+def _digest(rows: KeyRows, key: str) -> str | None:
+    """The md5 of ``key``'s row, None where the side has no row for it."""
+    row = rows.get(key)
+    return row.digest if row is not None else None
+
+
+def _wait(reached: Reached, position: str, timeout_s: float, poll_s: float, result: Reconciliation) -> bool:
+    """Wait until the table has applied the source up to ``position``; False if it did not in ``timeout_s``."""
+    start = time.monotonic()
+    try:
+        while not reached(position):
+            if time.monotonic() - start >= timeout_s:
+                return False
+            time.sleep(poll_s)
+        return True
+    finally:
+        result.waited_s += time.monotonic() - start

@@ -1,0 +1,109 @@
+"""The rows_match_source check as the code location defines it: its own job and stopped schedule, in no merge or
+freshness run; run on a real PostgreSQL (a logical slot its "connector" keeps confirming), a real Kafka topic
+and a Delta table merged by the project's writer, it passes on equal tables and names a row deleted from the
+Delta table by hand."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, DefaultScheduleStatus
+from deltalake import DeltaTable
+
+from cdc_assets.config import parse_config
+from cdc_assets.definitions import build_definitions
+from tests.support.reconcile import World, source_row
+from tests.support.topics import new_topic_named, produce
+
+CONFIG = """\
+kafka: {{bootstrap_servers: "{bootstrap}"}}
+delta: {{root: "{root}", writer: delta-rs}}
+connectors:
+  - name: shop
+    kind: postgresql
+    topic.prefix: {prefix}
+    tables: [{{name: inventory.items, key_columns: [id, region], path: "{path}"}}]
+    rows_match_source: {{dsn_env: RECONCILE_TEST_DSN, buckets: 16, settle_timeout_s: 120, cron: "0 3 * * *"}}
+"""
+
+
+class SlotAdvancer:
+    """The connector's side of a quiet table: a logical slot confirmed up to the current WAL position, again
+    and again, as a running connector (with heartbeats) confirms what it has written to Kafka."""
+
+    def __init__(self, world: World):
+        self._world, self._stop = world, threading.Event()
+        world.connection.execute("SELECT pg_create_logical_replication_slot('rows_match_source', 'pgoutput')")
+        self._thread = threading.Thread(target=self._advance, daemon=True)
+
+    def _advance(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self._world.dsn, autocommit=True) as connection:
+            while not self._stop.wait(0.3):
+                connection.execute("SELECT pg_replication_slot_advance('rows_match_source', pg_current_wal_lsn())")
+
+    def __enter__(self) -> SlotAdvancer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._world.connection.execute("SELECT pg_drop_replication_slot('rows_match_source')")
+
+
+@pytest.fixture
+def world(postgres: Any, broker: Any, tmp_path: Path) -> Iterator[World]:
+    prefix = f"recon{uuid.uuid4().hex[:8]}"
+    topic = new_topic_named(broker, f"{prefix}.inventory.items")
+    produce(broker, topic, [(b"k", b"v")])  # the event the first batch below applied: nothing waits
+    world = World(postgres.create_database(f"reconcile_{prefix}"), tmp_path / "items", topic=topic)
+    rows = [source_row(i) for i in range(1, 201)]
+    world.insert_source(rows)
+    world.merge(rows)
+    world.prefix = prefix  # type: ignore[attr-defined]
+    yield world
+    world.connection.close()
+
+
+def test_rows_match_source_runs_in_its_own_job_passes_then_names_drift(world: World, broker: Any, spark: Any,
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RECONCILE_TEST_DSN", world.dsn)
+    prefix = world.prefix  # type: ignore[attr-defined]
+    defs = build_definitions(parse_config(CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path,
+                                                        prefix=prefix, path=world.target.path)), topics=[])
+    key = AssetKey([prefix, "inventory", "items"])
+    check = AssetCheckKey(key, "rows_match_source")
+    job = defs.resolve_job_def("shop_rows_match_source_job")
+    schedule = defs.resolve_schedule_def("shop_rows_match_source_schedule")
+    assert schedule.job_name == job.name and schedule.default_status == DefaultScheduleStatus.STOPPED
+    assert "shop_rows_match_source" in {node.name for node in job.nodes}
+    for other in ("cdc_merge_job", "cdc_freshness_job"):  # no merge or freshness run waits for a comparison
+        assert "shop_rows_match_source" not in {node.name for node in defs.resolve_job_def(other).nodes}
+    assert check in defs.resolve_asset_graph().asset_check_keys  # on demand from the UI
+
+    with SlotAdvancer(world), DagsterInstance.ephemeral() as instance:
+        passed = _evaluation(job.execute_in_process(instance=instance))
+        assert passed.passed, passed.description
+        assert passed.metadata["source_rows"].value == passed.metadata["delta_rows"].value == 200
+        assert passed.metadata["compared"].value == "rows" and passed.metadata["source_position"].value
+
+        DeltaTable(world.target.path).delete("id = 5")  # behind the pipeline's back
+        failed = _evaluation(job.execute_in_process(instance=instance))
+    assert not failed.passed and "1 key(s) missing" in (failed.description or "")
+    [bucket] = failed.metadata["drifted_buckets"].value
+    assert bucket["missing"] == 1 and bucket["sample_keys"] == ["missing: 5, Zürich's"]
+    assert failed.metadata["delta_rows"].value == 199 and failed.metadata["source_s"].value > 0
+
+
+def _evaluation(result: Any) -> Any:
+    assert result.success
+    [evaluation] = [e for e in result.get_asset_check_evaluations() if e.check_name == "rows_match_source"]
+    return evaluation

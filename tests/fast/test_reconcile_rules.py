@@ -1,0 +1,82 @@
+"""rows_match_source without a database: which columns each side compares and how, what counts as a differing
+bucket or key, and the code location's check, job and schedule for a connector that names a source DSN."""
+
+from dagster import AssetKey, DefaultScheduleStatus
+from pyspark.sql import types as T
+
+from cdc_assets.config import parse_config
+from cdc_assets.core.apply_modes import apply_mode
+from cdc_assets.core.reconcile import (
+    KeyRow,
+    TableQueries,
+    compared_columns,
+    differing_buckets,
+    key_differences,
+    key_rows,
+    live_rows,
+)
+from cdc_assets.definitions import build_definitions
+
+
+def test_columns_compared_by_delta_type_and_source_type_hidden_and_untyped_ones_left_out():
+    schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("wide", T.StringType()),
+                           T.StructField("at", T.StringType()), T.StructField("price", T.DoubleType()),
+                           T.StructField("tags", T.ArrayType(T.StringType())), T.StructField("gone", T.StringType()),
+                           T.StructField("_cdc_position", T.StringType())])
+    types = {"id": "bigint", "wide": "numeric", "at": "time", "price": "double", "tags": "json"}
+    compared, left_out = compared_columns(schema, types, "mysql")
+    assert [(c.name, c.canonical) for c in compared] == [("id", "integer"), ("wide", "decimal"), ("at", "time")]
+    assert left_out == ["price", "tags", "gone"]  # no double rule on MariaDB, no struct rule, not at the source
+    compared, _ = compared_columns(schema, {**types, "price": "double precision"}, "postgresql")
+    assert ("price", "double") in [(c.name, c.canonical) for c in compared]
+
+
+def test_each_apply_mode_compares_the_rows_that_stand_for_the_source():
+    assert live_rows(apply_mode("scd1")) is None
+    assert live_rows(apply_mode("soft_delete")) == "NOT coalesce(`_cdc_deleted`, false)"
+    assert live_rows(apply_mode("scd2")) == "`_cdc_current`"
+    compared, _ = compared_columns(T.StructType([T.StructField("id", T.LongType())]), {"id": "int"}, "spark")
+    queries = TableQueries("t", tuple(compared), tuple(compared), 8, "spark", live_rows(apply_mode("scd2")))
+    assert "WHERE `_cdc_current` GROUP BY" not in queries.checksums()  # the filter is inside the bucket query
+    assert "FROM t WHERE `_cdc_current`" in queries.checksums()
+    assert "WHERE `_cdc_current` AND MOD(" in queries.rows_in([3, 1])
+
+
+def test_differing_buckets_and_keys_say_missing_extra_and_different():
+    assert differing_buckets({0: (2, 10), 1: (1, 5), 2: (1, 7)}, {0: (2, 10), 1: (1, 6), 3: (1, 1)}) == [1, 2, 3]
+    source = {"k1": KeyRow("1", "a", 0), "k2": KeyRow("2", "b", 1), "k3": KeyRow("3", "c", 1)}
+    delta = {"k1": KeyRow("1", "a", 0), "k2": KeyRow("2", "x", 1), "k4": KeyRow("4", "d", 2)}
+    found = key_differences(source, delta)
+    assert {key: (d.kind, d.bucket) for key, d in found.items()} == {
+        "k2": ("different", 1), "k3": ("missing", 1), "k4": ("extra", 2)}
+    twice = key_rows([("k1", "1", "a", 0), ("k1", "1", "a", 0)])  # two current versions of one key
+    assert twice["k1"].copies == 2 and key_differences({"k1": KeyRow("1", "a", 0)}, twice)["k1"].kind == "extra"
+
+
+def test_a_connector_with_a_source_dsn_gets_the_check_its_own_job_and_a_stopped_schedule(tmp_path):
+    defs = build_definitions(parse_config(f"""\
+kafka: {{bootstrap_servers: '127.0.0.1:9'}}
+delta: {{root: '{tmp_path}'}}
+connectors:
+  - name: inventory
+    kind: postgresql
+    topic.prefix: dbserver1
+    tables: [{{name: inventory.items}}, {{name: inventory.orders, apply_mode: scd2}}]
+    rows_match_source: {{dsn_env: INVENTORY_DSN, cron: "0 3 * * *"}}
+  - name: sales
+    kind: sqlserver
+    topic.prefix: server1
+    tables: [{{name: dbo.orders}}]
+"""))
+    graph = defs.resolve_asset_graph()
+    items, orders = AssetKey(["dbserver1", "inventory", "items"]), AssetKey(["dbserver1", "inventory", "orders"])
+    assert "rows_match_source" in {k.name for k in graph.get(items).check_keys}
+    assert "current versions" in graph.get_check_spec(
+        next(k for k in graph.get(orders).check_keys if k.name == "rows_match_source")).description
+    assert "rows_match_source" not in {k.name for k in graph.get(AssetKey(["server1", "dbo", "orders"])).check_keys}
+    job = defs.resolve_job_def("inventory_rows_match_source_job")
+    assert {node.name for node in job.nodes} == {"inventory_rows_match_source"}
+    for other in ("cdc_merge_job", "cdc_freshness_job"):
+        assert "inventory_rows_match_source" not in {node.name for node in defs.resolve_job_def(other).nodes}
+    schedule = defs.resolve_schedule_def("inventory_rows_match_source_schedule")
+    assert schedule.cron_schedule == "0 3 * * *" and schedule.default_status == DefaultScheduleStatus.STOPPED
