@@ -3,6 +3,8 @@ against real servers (the session's Kafka broker, moto's S3-API server), each fa
 broker listens on, a topic that does not exist, wrong S3 credentials, a schema registry that is down. And a
 merge run against a wrong port fails in a line, in seconds, before a Spark server starts."""
 
+import os
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -18,11 +20,14 @@ from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.broker import ApacheKafkaBroker, free_port
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR
 from cdc_assets.preflight import results_table, run_preflight
+from tests.support.docs import doc_blocks
 from tests.support.samples import sample_published
 from tests.support.topics import new_topic_named
 
 # What issue 62 bounds a whole preflight to when something is down.
 WHOLE_RUN_BOUND_S = 15.0
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _yaml(bootstrap: str, prefix: str, root: str, tables: tuple[str, ...] = ("inventory.customers",),
@@ -88,6 +93,15 @@ def test_a_reachable_deployment_passes_every_check_and_leaves_nothing_behind(bro
     printed = capsys.readouterr().out
     assert printed.splitlines()[0].split() == ["check", "target", "result", "detail", "config", "field"]
     assert f"preflight of {path}: all 4 check(s) passed" in printed
+    # docs/operations.md's commands as written, from a directory holding its my-pipeline.yaml (and the venv).
+    (tmp_path / "my-pipeline.yaml").write_text(text)
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    for _, code in doc_blocks(ROOT / "docs" / "operations.md", "Before the first run: preflight"):
+        run = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                             env={**os.environ, CONFIG_ENV_VAR: str(path)}, timeout=120)
+        assert run.returncode == 0, f"{code}\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
+        assert run.stdout.count("all 4 check(s) passed") == 2, run.stdout
+    assert not (tmp_path / "lake").exists()
 
 
 def test_the_demo_config_passes_on_the_demo_sample(broker, tmp_path, monkeypatch, capsys):
