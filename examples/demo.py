@@ -170,13 +170,14 @@ def run_demo(ui: bool, ui_port: int, broker_port: int) -> int:
             published = publish_sample(broker.bootstrap_servers)
             print(f"local broker on {broker.bootstrap_servers}; published {published}", flush=True)
             env = demo_env(broker.bootstrap_servers)
-            if not run_job(env, "cdc_merge_job"):
-                return 1
-            print("cdc_merge_job succeeded")
-            # One observation of each topic, so the asset graph shows them before any sensor is turned on.
+            # One observation of each topic, so the asset graph shows them before any sensor is turned on; before
+            # the merge, which records the versions it read: the tables show in sync with their topics.
             if not run_job(env, "cdc_observe_topics_job"):
                 return 1
             print("cdc_observe_topics_job succeeded")
+            if not run_job(env, "cdc_merge_job"):
+                return 1
+            print("cdc_merge_job succeeded")
             print_tables(env)
             if ui:
                 with _recorded(broker):
