@@ -15,7 +15,7 @@ from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.io.registry import read_registry
 from cdc_assets.resources import build_resources, kafka_client_settings, registry_path
-from cdc_assets.topics import build_topic_sources
+from cdc_assets.topics import build_observe_topics_job, build_topic_sources
 from cdc_assets.translator import CdcTranslator, dagster_name
 from jobs import (
     build_apply_schema_change_job,
@@ -130,15 +130,17 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
         sensors.append(make_snapshot_backfill_sensor([t for t in live if t.connector in signalled],
                                                      incremental_snapshot_job, merge_job,
                                                      kafka_settings, translator=translator))
+    topic_sources = [build_topic_sources(tables, kafka_settings, translator)] if tables else []
     return Definitions(
         assets=[*(build_connector_assets(group, config.batch, transactional.get(connector), translator,
                                          name=merge_op_name(connector) + suffix)
                   for connector, suffix, group in groups),
-                *([build_topic_sources(tables, kafka_settings, translator)] if tables else [])],
+                *topic_sources],
         asset_checks=[*scheduled_ops, *(op for _, op in source_ops)],
         jobs=[merge_job, ui_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job,
               resume_snapshot_job, apply_schema_change_job, freshness_job, compaction_job,
-              build_preflight_job(config), *(job for job, _ in source_jobs)],
+              build_preflight_job(config), *(build_observe_topics_job(sources) for sources in topic_sources),
+              *(job for job, _ in source_jobs)],
         schedules=[*build_merge_schedules(config, merge_job, tables, kafka_settings, translator),
                    *(schedule for _, schedule in source_jobs if schedule is not None),
                    *build_snapshot_schedules(config),

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagster import (
     AssetKey,
     AssetObservation,
     AssetsDefinition,
+    AssetSelection,
     AssetSpec,
     BetaWarning,
     DagsterInstance,
@@ -24,6 +25,8 @@ from dagster import (
     EventLogEntry,
     JsonMetadataValue,
     ObserveResult,
+    define_asset_job,
+    in_process_executor,
     multi_observable_source_asset,
 )
 
@@ -34,7 +37,11 @@ from cdc_assets.catalog import CapturedTable
 from cdc_assets.io.kafka import TopicProbe
 from cdc_assets.translator import CdcTranslator
 
+if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export its name
+    from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+
 TOPIC_KINDS = {"kafka"}
+OBSERVE_TOPICS_JOB = "cdc_observe_topics_job"
 
 
 def topic_data_version(ends: Mapping[int, int]) -> str:
@@ -91,6 +98,15 @@ def build_topic_sources(tables: Sequence[CapturedTable], kafka_settings: Mapping
         return multi_observable_source_asset(name=name, specs=specs, can_subset=True,
                                              description="Observes the topics' end offsets (their data versions)"
                                              )(cdc_topics)
+
+
+def build_observe_topics_job(sources: AssetsDefinition) -> UnresolvedAssetJobDefinition:
+    """The job that observes every topic of ``sources`` once (what the UI's "Observe sources" does for a
+    selection), for a first observation before any sensor runs."""
+    return define_asset_job(OBSERVE_TOPICS_JOB, selection=AssetSelection.assets(sources),
+                            executor_def=in_process_executor,
+                            description="Observe every topic once: its end offsets (data version) and the events "
+                                        "waiting for its table.")
 
 
 def recorded_ends(instance: DagsterInstance, keys: Sequence[AssetKey]) -> dict[AssetKey, dict[int, int] | None]:

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from dagster import DagsterInstance
+from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
@@ -115,7 +115,8 @@ def _processes_naming(path: Path) -> list[str]:
 
 def test_the_plain_demo_stops_what_it_started(tmp_path, monkeypatch):
     """`scripts/demo` ends with nothing of its own running: its broker, and the local Spark server its merge run
-    started (in a server directory of its own, so that other servers on the machine do not count)."""
+    started (in a server directory of its own, so that other servers on the machine do not count). It leaves
+    an instance whose UI opens without the onboarding dialog, on a graph where every topic has been observed."""
     import os
     import sys
 
@@ -137,3 +138,12 @@ def test_the_plain_demo_stops_what_it_started(tmp_path, monkeypatch):
 
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", broker_port)) != 0, "its broker still listens"
+
+    assert "cdc_observe_topics_job succeeded" in run.stdout
+    with DagsterInstance.from_config(str(tmp_path / "demo" / "dagster_home")) as instance:
+        assert not instance.nux_enabled, "the UI would open with Dagster's onboarding dialog"
+        for topic, (_, records) in sample_topics(0).items():
+            key = AssetKey(["kafka", *topic.split(".")])
+            [observed] = instance.fetch_observations(AssetRecordsFilter(asset_key=key), limit=5).records
+            ends = json.loads(observed.event_log_entry.asset_observation.tags["dagster/data_version"])
+            assert sum(ends.values()) == len(records), (topic, ends)
