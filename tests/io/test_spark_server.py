@@ -160,9 +160,13 @@ def test_status_and_stop_keep_to_this_checkouts_servers_unless_all(tmp_path, mon
     servers = {}
     for name, checkout in (("ours", CHECKOUT), ("theirs", "/elsewhere/cdc-assets")):
         # A stand-in that takes SIGTERM whatever signal state the test process hands down to its children.
+        # It says when it takes SIGTERM: one sent before (a loaded machine starts Python slowly) would meet the
+        # disposition the worker handed down, which an earlier test may have set to ignore it.
         process = subprocess.Popen([sys.executable, "-c", "import signal, time; "
                                     "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}); "
-                                    "signal.signal(signal.SIGTERM, signal.SIG_DFL); time.sleep(300)"])
+                                    "signal.signal(signal.SIGTERM, signal.SIG_DFL); print('ready', flush=True); "
+                                    "time.sleep(300)"], stdout=subprocess.PIPE, text=True)
+        assert process.stdout is not None and process.stdout.readline() == "ready\n"
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen()
@@ -187,7 +191,7 @@ def test_status_and_stop_keep_to_this_checkouts_servers_unless_all(tmp_path, mon
     finally:
         for process, listener, _ in servers.values():
             process.kill()
-            process.wait()
+            process.communicate()
             listener.close()
 
 
