@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 from cdc_assets.catalog import CapturedTable, pipeline_table_path
 from cdc_assets.config import BatchLimits, ConnectorKind
 from cdc_assets.core.apply_modes import ApplyModeName
-from cdc_assets.io.delta import DeltaSparkWriter, DeltaTarget, DeltaWriter, select_writer
+from cdc_assets.io.delta import DeltaTarget, DeltaWriter, select_writer
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.merge import BatchReport, merge_micro_batches
 
@@ -74,9 +74,8 @@ def _default_session(target: DeltaTarget, writer: WriterName | DeltaWriter) -> I
     from cdc_assets.io.spark import spark_config
     from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
 
-    name = writer if isinstance(writer, str) else "delta-spark" if isinstance(writer, DeltaSparkWriter) else "delta-rs"
     session = connect(ensure_local_server(spark_config(delta_root=target.path, storage_options=target.storage_options,
-                                                       writer=name)))
+                                                       writer=writer if isinstance(writer, str) else writer.name)))
     try:
         yield session
     finally:

@@ -67,10 +67,6 @@ class DeltaSparkWriter(WriterBase):
     def _progress_in(self, target: DeltaTarget, recent: list[dict[str, object]], app_id: str) -> TableProgress | None:
         return latest_progress(recent, app_id, lambda: self._history(target, None) or [])
 
-    def _txn_version_in(self, target: DeltaTarget, recent: list[dict[str, object]], app_id: str) -> int | None:
-        progress = self._progress_in(target, recent, app_id)
-        return progress.txn_version if progress is not None else None
-
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
               commit: CommitRequest, mode: ApplyMode, truncation: Truncation | None = None) -> MergeOutcome:
         # Spark infers no schema from an empty table (a first batch whose every event was dead-lettered).
@@ -83,7 +79,8 @@ class DeltaSparkWriter(WriterBase):
             self._create(target, table_schema_of(rows), {})
         elif _needs_column_mapping(rows.column_names):
             changed = self._map_columns_by_name(target)
-        if recent and commit.applied_by(self._txn_version_in(target, recent, commit.app_id)):
+        progress = self._progress_in(target, recent, commit.app_id) if recent else None
+        if commit.applied_by(progress.txn_version if progress is not None else None):
             return self._applied_before(target)
         if not mode.evolves_schema:
             changed = bool(self._add_columns(target, table_schema_of(rows), {})) or changed
@@ -115,8 +112,9 @@ class DeltaSparkWriter(WriterBase):
         wanted = self._spark.createDataFrame(keys)
         stored = self._spark.read.format("delta").load(spark_path(target.path)).join(wanted, keys.column_names,
                                                                                      "left_semi")
-        # A column the table does not have yet (added by this batch) reads as null.
-        return to_arrow(stored.select(*[F.col(quote_spark(name)) if name in stored.columns
+        # A column the table does not have yet (added by this batch) reads as null. (``columns`` asks the server.)
+        present = set(stored.columns)
+        return to_arrow(stored.select(*[F.col(quote_spark(name)) if name in present
                                         else F.lit(None).cast("string").alias(name) for name in columns]))
 
     def ensure_columns(self, target: DeltaTarget, schema: pa.Schema, properties: Mapping[str, str]) -> list[str]:
@@ -267,8 +265,8 @@ class DeltaSparkWriter(WriterBase):
 
     def _recorded_txn_version(self, target: DeltaTarget, app_id: str) -> int | None:
         # The txn version the latest batch commit recorded in its metadata (``read_progress``).
-        history = self._history(target, HISTORY_WINDOW)
-        return self._txn_version_in(target, history, app_id) if history is not None else None
+        progress = self.read_progress(target, app_id)
+        return progress.txn_version if progress is not None else None
 
     def _commit_without_data(self, target: DeltaTarget, commit: CommitRequest) -> None:
         table = self._table_ref(target)
