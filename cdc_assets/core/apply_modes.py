@@ -381,10 +381,8 @@ def keep_unavailable(rows: pa.Table, summary: BatchSummary, key_columns: Sequenc
             stored_row = found_by_key.get(key)
             if stored_row is None:
                 never_seen += name not in ignored_nulls
-            elif name not in ignored_nulls:
-                row[name], kept = stored_row[name], kept + 1
             else:
-                row[name] = stored_row[name]
+                row[name], kept = stored_row[name], kept + (name not in ignored_nulls)
     nulls = sum(name in ignored_nulls for unknown in lists for name in unknown)
     rows = pa.concat_tables([rows.filter(pc.invert(pending)), pa.Table.from_pylist(filled, schema=rows.schema)])
     return rows, replace(summary, unavailable_kept=kept, unavailable_never_seen=never_seen,
