@@ -221,11 +221,7 @@ def signal_table(dsn_env: str, table: str, timeout_s: float = CHECK_TIMEOUT_S - 
     schema_table = signal_table_identifier(table)
     address = mysql_address(dsn)
     if address is not None:
-        import pymysql
-
-        connection = pymysql.connect(host=address.host, port=address.port, user=address.user,
-                                     password=address.password, database=address.database,
-                                     connect_timeout=int(timeout_s))
+        connection = address.connect(timeout_s)
         try:
             with connection.cursor() as cursor:
                 cursor.execute(f"SELECT 1 FROM {'.'.join(f'`{part}`' for part in schema_table)} LIMIT 0")

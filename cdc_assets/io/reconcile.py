@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
@@ -45,7 +45,7 @@ from cdc_assets.core.reconcile import (
     live_rows,
     quote,
 )
-from cdc_assets.io.signals import MySQLAddress, mysql_address
+from cdc_assets.io.signals import MySQLAddress, mysql_address, without_secrets
 
 
 class ReconcileError(RuntimeError):
@@ -95,7 +95,7 @@ class PostgresSource:
         try:
             self._connection = psycopg.connect(dsn, connect_timeout=10, autocommit=True)
         except psycopg.Error as exc:
-            raise ReconcileError(f"cannot connect to the source PostgreSQL: {_without_dsn(str(exc), dsn)}") from None
+            raise ReconcileError(f"cannot connect to the source PostgreSQL: {without_secrets(str(exc), dsn)}") from None
         # Each look's transaction (``transaction()``) begins with these: one snapshot for all its statements.
         self._connection.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         self._connection.read_only = True
@@ -137,9 +137,7 @@ class MySQLSource:
         import pymysql
 
         try:
-            self._connection = pymysql.connect(host=address.host, port=address.port, user=address.user,
-                                               password=address.password, database=address.database,
-                                               charset="utf8mb4", connect_timeout=10, autocommit=True)
+            self._connection = address.connect()
         except pymysql.err.MySQLError as exc:
             raise ReconcileError(f"cannot connect to the source database at {address.host}:{address.port}: "
                                  f"{exc}") from None
@@ -180,10 +178,6 @@ class MySQLSource:
 def _schema_and_name(table: str, default_schema: str | None) -> tuple[str | None, str]:
     schema, _, name = table.rpartition(".")
     return schema or default_schema, name
-
-
-def _without_dsn(message: str, dsn: str) -> str:
-    return message.replace(dsn, "<dsn>")
 
 
 def open_source(kind: str, dsn: str) -> SourceDatabase:
@@ -291,27 +285,14 @@ def committed_position_reached(delta: DeltaSide, source: SourceDatabase,
     return reached
 
 
-class _Clock:
-    """Seconds spent on each side."""
-
-    def __init__(self, result: Reconciliation):
-        self._result = result
-
-    @contextlib.contextmanager
-    def source(self) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._result.source_s += time.perf_counter() - start
-
-    @contextlib.contextmanager
-    def delta(self) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._result.delta_s += time.perf_counter() - start
+@contextlib.contextmanager
+def _spent(result: Reconciliation, side: Literal["source_s", "delta_s"]) -> Iterator[None]:
+    """Add the seconds the block takes to ``result``'s time on ``side``."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        setattr(result, side, getattr(result, side) + time.perf_counter() - start)
 
 
 def _sums(rows: Rows) -> BucketSums:
@@ -340,11 +321,10 @@ def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns:
                         buckets, source.dialect)
     theirs = TableQueries(delta.view, keys, tuple(columns), buckets, "spark", live_rows(delta.mode))
     result = Reconciliation(buckets, [column.name for column in columns], left_out)
-    clock = _Clock(result)
 
-    with clock.delta():
+    with _spent(result, "delta_s"):
         delta_sums = _sums(delta.query(theirs.checksums()))
-    with clock.source():
+    with _spent(result, "source_s"):
         position, source_rows = source.look(mine.checksums())
     source_sums = _sums(source_rows)
     result.source_rows = sum(count for count, _ in source_sums.values())
@@ -358,9 +338,9 @@ def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns:
         if not _wait(reached, position, settle_timeout_s, poll_s, result):
             result.unsettled = differing
             return result
-        with clock.delta():  # Delta first: it then holds nothing the source's snapshot below does not
+        with _spent(result, "delta_s"):  # Delta first: it then holds nothing the source's snapshot below does not
             delta_keys = key_rows(delta.query(theirs.rows_in(differing)))
-        with clock.source():
+        with _spent(result, "source_s"):
             position, source_rows = source.look(mine.rows_in(differing))
         result.last_position = position
         source_keys = key_rows(source_rows)

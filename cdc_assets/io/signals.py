@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
@@ -218,6 +218,20 @@ class MySQLAddress:
     password: str
     database: str | None
 
+    def connect(self, timeout_s: float = 10) -> Any:
+        """A PyMySQL connection (autocommit, utf8mb4) to this server, giving up after ``timeout_s``."""
+        import pymysql
+
+        return pymysql.connect(host=self.host, port=self.port, user=self.user, password=self.password,
+                               database=self.database, charset="utf8mb4", connect_timeout=int(timeout_s),
+                               autocommit=True)
+
+
+def without_secrets(message: str, dsn: str) -> str:
+    """A database error's ``message`` with the DSN and any password it holds left out (libpq echoes a DSN it
+    cannot parse, password and all): DSNs come from secrets."""
+    return _PASSWORDS.sub(r"\1***", message.replace(dsn, "<dsn>")).strip()
+
 
 def mysql_address(dsn: str) -> MySQLAddress | None:
     """The server a MySQL-family DSN names, or None for any other DSN; ``SignalError`` for a malformed one."""
@@ -271,8 +285,8 @@ class SourceTableSignalChannel:
                 connection.execute(statement, row)
         except psycopg.Error as exc:
             # A DSN libpq cannot parse comes back in its message, password and all.
-            reason = _PASSWORDS.sub(r"\1***", str(exc).replace(self._dsn, "<dsn_env>")).strip()
-            raise SignalError(f"signal {signal_id}: cannot insert into signal table '{self.table}': {reason}") from exc
+            raise SignalError(f"signal {signal_id}: cannot insert into signal table '{self.table}': "
+                              f"{without_secrets(str(exc), self._dsn)}") from exc
 
     def _insert_mysql(self, address: MySQLAddress, signal_id: str, row: tuple[str, str, str]) -> None:
         import pymysql
@@ -280,9 +294,7 @@ class SourceTableSignalChannel:
         # signal_table_identifier admits plain identifiers only, so backquoting needs no escaping.
         table = ".".join(f"`{part}`" for part in self._identifier)
         try:
-            connection = pymysql.connect(host=address.host, port=address.port, user=address.user,
-                                         password=address.password, database=address.database, charset="utf8mb4",
-                                         connect_timeout=10, autocommit=True)
+            connection = address.connect()
             try:
                 with connection.cursor() as cursor:
                     cursor.execute(f"INSERT INTO {table} (id, type, data) VALUES (%s, %s, %s)", row)
