@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dagster import Definitions, definitions, in_process_executor
+from dagster import AssetCheckKey, Definitions, definitions, in_process_executor
 
 from cdc_assets.assets import build_connector_assets, merge_op_name
 from cdc_assets.catalog import CapturedTable, resolve_tables, table_finder
@@ -110,12 +110,14 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     source_ops = [(connector, op) for connector, suffix, group in groups
                   if (op := build_rows_match_source_checks(
                       f"{dagster_name(connector)}_rows_match_source{suffix}", group, translator)) is not None]
-    source_checks = [key for _, op in source_ops for key in op.check_keys]
-    source_jobs = [build_rows_match_source_job(connector, [key for name, op in source_ops if name == connector.name
-                                                           for key in op.check_keys])
-                   for connector in config.connectors if any(name == connector.name for name, _ in source_ops)]
-    merge_job = build_merge_job([*scheduled_checks, *source_checks])
-    ui_merge_job = build_merge_job([*scheduled_checks, *source_checks], UI_MERGE_JOB)  # the UI's Materialize
+    source_checks: dict[str, list[AssetCheckKey]] = {}  # per connector
+    for connector_name, op in source_ops:
+        source_checks.setdefault(connector_name, []).extend(op.check_keys)
+    source_jobs = [build_rows_match_source_job(connector, source_checks[connector.name])
+                   for connector in config.connectors if connector.name in source_checks]
+    left_out = [*scheduled_checks, *(key for keys in source_checks.values() for key in keys)]
+    merge_job = build_merge_job(left_out)
+    ui_merge_job = build_merge_job(left_out, UI_MERGE_JOB)  # the job the UI's Materialize runs
     compaction_job = build_compaction_job(config, live)
     transactional: dict[str, dict[str, DeltaTarget]] = {}
     for table in tables:
