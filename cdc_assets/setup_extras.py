@@ -51,8 +51,9 @@ def setup_extras(requested: str, config: PipelineConfig | None) -> list[str]:
 
 def main() -> int:
     """Print the extras to fetch, space-separated; a config that does not load is said on stderr, not fatal."""
+    requested = os.environ.get(SETUP_EXTRAS_ENV_VAR, "")
     try:
-        requested = requested_extras(os.environ.get(SETUP_EXTRAS_ENV_VAR, ""))
+        requested_extras(requested)  # a wrong name stops the set-up before a config is even read
     except SetupExtrasError as error:
         print(f"setup: {error}", file=sys.stderr)
         return 2
@@ -62,7 +63,7 @@ def main() -> int:
         print(f"setup: the config in use does not load, so no object-store connector is chosen for it: {error}",
               file=sys.stderr)
         config = None
-    print(" ".join(setup_extras(" ".join(requested), config)))
+    print(" ".join(setup_extras(requested, config)))
     return 0
 
 
