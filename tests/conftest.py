@@ -51,6 +51,13 @@ SLOW_MODULES_FIRST = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Print where the suite's time went (tests/support/timing.py) after the run."""
+    from tests.support import timing
+
+    timing.register(config)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the slow modules first (``SLOW_MODULES_FIRST``); every other module keeps its place after them."""
     def rank(item: pytest.Item) -> int:
