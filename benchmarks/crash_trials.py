@@ -20,6 +20,10 @@ delta-spark`` MERGEs and commits with delta-spark in the local Spark server (del
 of the worker leaves the server running, so a MERGE it had sent may still commit after the worker died,
 which the rerun must then find applied.
 
+``--s3-root`` and ``--s3-options`` name an S3-API server of the caller's instead (its keys in the environment
+variables the options name): the tests pass theirs, whose local Spark server, started with the same settings, is
+then shared with this run's workers.
+
     python benchmarks/crash_trials.py [--trials 20] [--events 20000] [--store local|s3] [--writer delta-rs|delta-spark]
 """
 
@@ -212,6 +216,10 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=3)
     parser.add_argument("--store", choices=("local", "s3"), default="local",
                         help="where the Delta tables live: local disk, or s3:// on a private S3-API server")
+    parser.add_argument("--s3-root", default=None,
+                        help="with --store s3: an s3:// root on an S3-API server of the caller's (--s3-options "
+                             "names it), instead of a private server started for this run")
+    parser.add_argument("--s3-options", default="{}", help="the caller's server's storage options (JSON)")
     parser.add_argument("--writer", choices=("delta-rs", "delta-spark"), default="delta-rs",
                         help="the Delta writer of the merges (delta-spark: in the local Spark server)")
     parser.add_argument("--work-dir", default=None)
@@ -240,7 +248,10 @@ def main() -> int:
     with ApacheKafkaBroker(work / "broker") as broker, contextlib.ExitStack() as cleanup:
         if own_server:
             cleanup.callback(stop_all)
-        root, storage_options = object_store_root(cleanup) if args.store == "s3" else (str(work), {})
+        if args.store == "s3" and args.s3_root:  # the caller's store: its Spark server (the same settings) is warm
+            root, storage_options = args.s3_root.rstrip("/"), json.loads(args.s3_options)
+        else:
+            root, storage_options = object_store_root(cleanup) if args.store == "s3" else (str(work), {})
         args.bootstrap = broker.bootstrap_servers
         reference, records = produce(broker.bootstrap_servers, args.events, args.keys, args.partitions, seed=5)
         # A worker passes three markers a batch (consumed, folded, committed).

@@ -374,14 +374,16 @@ def test_two_run_processes_racing_on_s3_commit_a_batch_once(s3_spark, broker, ob
 CRASH_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "crash_trials.py"
 
 
-def test_crash_trials_on_s3_with_delta_spark_lose_and_duplicate_nothing(tmp_path):
+def test_crash_trials_on_s3_with_delta_spark_lose_and_duplicate_nothing(s3_spark, object_store, bucket, tmp_path):
     # benchmarks/crash_trials.py's S3 leg on delta-spark (tests/merge/test_resilience.py runs delta-rs's): SIGKILL at
     # named points and at random moments timed from the worker's progress, a rerun, the table checked against the
-    # reference fold. The MERGE runs in the local Spark server, which outlives the killed worker.
+    # reference fold. The MERGE runs in the local Spark server, which outlives the killed worker: the module's,
+    # already warm, since the trials' tables live on the module's store.
     import subprocess
     import sys
 
     run = subprocess.run([sys.executable, str(CRASH_SCRIPT), "--store", "s3", "--writer", "delta-spark",
+                          "--s3-root", f"s3://{bucket}", "--s3-options", json.dumps(object_store.storage_options()),
                           "--trials", "2", "--events", "1500", "--batch", "500", "--work-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
