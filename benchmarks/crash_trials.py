@@ -87,7 +87,8 @@ def worker(args: argparse.Namespace) -> None:
     # The embedded default: the local Spark server (it folds; delta-rs or, in it, delta-spark writes), with the
     # store's settings as a run has them, which a SIGKILL of this process leaves running.
     storage_options = json.loads(args.storage_options)
-    spark = connect(ensure_local_server(spark_config(delta_root=args.delta, storage_options=storage_options)))
+    spark = connect(ensure_local_server(spark_config(delta_root=args.delta, storage_options=storage_options,
+                                                     writer=args.writer)))
     target = DeltaTarget(args.delta, storage_options)
     table = CapturedTable("crash", "postgresql", "crash", "public.accounts", TOPIC, target)
     source = KafkaSource({"bootstrap.servers": args.bootstrap, "group.id": "crash"})
