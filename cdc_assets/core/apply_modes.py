@@ -312,7 +312,11 @@ class Documents(ApplyMode):
               ) -> tuple[pa.Table, BatchSummary]:
         decoded = decoded.persist()  # read twice: the fold (for the summary) and the documents
         try:
-            _, summary = fold_batch(decoded, layout)
+            # The decoded events carry no document fields yet: the replay reads them from the documents.
+            fields = set(layout.document_fields.fieldNames())
+            undeclared = replace(layout, row_type=T.StructType([f for f in layout.row_type.fields
+                                                                 if f.name not in fields]))
+            _, summary = fold_batch(decoded, undeclared)
             keys = _good_keys(decoded.where(F.col(OP_COLUMN) != TRUNCATE_OP), layout)
             held, latest = self._held(keys, layout, stored, decoded.sparkSession)
             replayed = replayed_events(decoded, layout, held).persist()  # read twice: the rows, the bad events
