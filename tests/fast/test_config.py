@@ -155,11 +155,14 @@ def test_the_documented_config_example_loads_as_written():
     from pathlib import Path
 
     reference = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
-    [example] = re.findall(r"```yaml\n(.*?)```", reference, re.S)
+    example, mongodb = re.findall(r"```yaml\n(.*?)```", reference, re.S)
     config = parse_config(example)
     [connector] = config.connectors
     assert connector.name == "inventory" and connector.format == "json"
     assert [table.name for table in connector.tables] == ["inventory.customers", "inventory.audit_log"]
+    [orders] = resolve_tables(parse_config(mongodb))
+    assert (orders.topic, orders.apply_mode, orders.document_fields) == ("mongo1.inventory.orders", "scd2", (
+        ("status", "string"), ("qty", "bigint"), ("total", "decimal(10,2)"), ("placed", "timestamp")))
 
 
 def test_a_run_names_a_kafka_secret_variable_that_is_not_set(monkeypatch):
