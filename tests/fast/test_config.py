@@ -110,13 +110,15 @@ def test_mongodb_collections_take_scd2_and_document_fields():
     ("{id: string}", r"document_fields names key column\(s\) \['id'\]"),
 ])
 def test_document_fields_are_validated_at_load(fields, problem):
-    text = MONGODB.replace("        path: custom/orders\n", f"        path: custom/orders\n        document_fields: {fields}\n")
+    text = MONGODB.replace("        path: custom/orders\n",
+                           f"        path: custom/orders\n        document_fields: {fields}\n")
     with pytest.raises(ConfigError, match=problem):
         parse_config(text)
 
 
 def test_document_fields_are_for_mongodb_only():
-    text = VALID.replace("        path: custom/orders\n", "        path: custom/orders\n        document_fields: {a: string}\n")
+    text = VALID.replace("        path: custom/orders\n",
+                         "        path: custom/orders\n        document_fields: {a: string}\n")
     with pytest.raises(ConfigError, match="document_fields are for MongoDB collections, not postgresql tables"):
         parse_config(text)
 
