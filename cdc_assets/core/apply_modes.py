@@ -319,8 +319,9 @@ class Documents(ApplyMode):
             _, summary = fold_batch(decoded, undeclared)
             keys = _good_keys(decoded.where(F.col(OP_COLUMN) != TRUNCATE_OP), layout)
             held, latest = self._held(keys, layout, stored, decoded.sparkSession)
-            replayed = replayed_events(decoded, layout, held).persist()  # read twice: the rows, the bad events
-            try:
+            # Versions need each event's document; a fold only each key's last.
+            replayed = replayed_events(decoded, layout, held, every=self.current_column is not None).persist()
+            try:  # read twice: the rows, the bad events
                 if self.current_column is None:
                     rows, replay = fold_batch(replayed, layout)
                     problems = replay.bad_events

@@ -59,34 +59,44 @@ _EVENT_FIELDS = (POSITION_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN, OP_COLUMN, MO
                  SOURCE_TS_COLUMN, SNAPSHOT_COLUMN, TRANSACTION_COLUMN)
 
 
-def _replay_batches(batches: Iterator[pa.RecordBatch], keys: Sequence[str]) -> Iterator[pa.RecordBatch]:
+def _replay_batches(batches: Iterator[pa.RecordBatch], keys: Sequence[str], every: bool
+                    ) -> Iterator[pa.RecordBatch]:
     """Per Arrow batch of keys (key columns, stored document, sorted events): one row per event, with the
-    document after it and why it could not be applied (``document_updates.replay``)."""
+    document after it and why it could not be applied (``document_updates.replay``); with ``every`` false,
+    only each key's last applied event and the events that could not be applied."""
     for batch in batches:
         events = batch.column(_EVENTS)
-        flat = events.flatten()
+        # A child of a struct array taken with ``field`` ignores the struct's offset: ``flatten`` keeps it.
+        fields = dict(zip(_EVENT_FIELDS, events.flatten().flatten(), strict=True))
+        ops, fulls, patches = (fields[name].to_pylist() for name in (OP_COLUMN, MONGODB_DOCUMENT_COLUMN, PATCH_COLUMN))
+        bounds = pc.subtract(events.offsets, events.offsets[0]).to_pylist()
+        kept: list[int] = []  # of the batch's events, in order
         documents: list[str | None] = []
         problems: list[str | None] = []
-        listed = events.to_pylist()
-        for stored, key_events in zip(batch.column(BASE_DOCUMENT_COLUMN).to_pylist(), listed, strict=True):
-            for document, problem in replay(stored, [{"op": e[OP_COLUMN], "document": e[MONGODB_DOCUMENT_COLUMN],
-                                                      "patch": e[PATCH_COLUMN]} for e in key_events or ()]):
-                documents.append(document)
-                problems.append(problem)
-        owners = pc.list_parent_indices(events)
-        columns = {name: batch.column(name).take(owners) for name in keys}
-        columns.update({name: flat.field(name) for name in _EVENT_FIELDS})
+        for row, stored in enumerate(batch.column(BASE_DOCUMENT_COLUMN).to_pylist()):
+            span = range(bounds[row], bounds[row + 1])
+            replayed = replay(stored, ({"op": ops[i], "document": fulls[i], "patch": patches[i]} for i in span))
+            applied = [at for at, (_, problem) in enumerate(replayed) if problem is None]
+            for at, (document, problem) in enumerate(replayed):
+                if every or problem is not None or at == applied[-1]:
+                    kept.append(span[at])
+                    documents.append(document)
+                    problems.append(problem)
+        chosen = pa.array(kept, pa.int64())
+        columns = {name: batch.column(name).take(pc.list_parent_indices(events).take(chosen)) for name in keys}
+        columns.update({name: array.take(chosen) for name, array in fields.items() if name != PATCH_COLUMN})
         columns[MONGODB_DOCUMENT_COLUMN] = pa.array(documents, pa.string())
         columns[ERROR_COLUMN] = pa.array(problems, pa.string())
-        del columns[PATCH_COLUMN]
         yield pa.RecordBatch.from_pydict(columns)
 
 
-def replayed_events(events: DataFrame, layout: ChangeEventLayout, stored: DataFrame | None) -> DataFrame:
+def replayed_events(events: DataFrame, layout: ChangeEventLayout, stored: DataFrame | None, every: bool = True
+                    ) -> DataFrame:
     """The batch's good keyed ``events`` newer than their key's stored position, each with ``document``: the
     document after it (null after a delete), and ``_cdc_error``: why it could not be applied (null if it
-    was). Output: the key columns, ``document``, the declared document fields (``document_fields``), the
-    hidden columns, the Kafka coordinates and ``_cdc_snapshot`` / ``_cdc_transaction_id``, as decoded.
+    was). With ``every`` false, of the events applied only each key's last (all a fold needs). Output: the key
+    columns, ``document``, the declared document fields (``document_fields``), the hidden columns, the Kafka
+    coordinates and ``_cdc_snapshot`` / ``_cdc_transaction_id``, as decoded.
 
     ``stored`` holds the keys' state in Delta: key columns, ``_base_document`` (null for a deleted key) and
     ``_base_position`` (the latest position the table holds for the key)."""
@@ -105,7 +115,7 @@ def replayed_events(events: DataFrame, layout: ChangeEventLayout, stored: DataFr
     out = T.StructType([*(by_name[name] for name in keys),
                         *(by_name[name] for name in _EVENT_FIELDS if name != PATCH_COLUMN),
                         T.StructField(ERROR_COLUMN, T.StringType())])
-    replayed = per_key.mapInArrow(partial(_replay_batches, keys=keys), out)
+    replayed = per_key.mapInArrow(partial(_replay_batches, keys=keys, every=every), out)
     return with_document_fields(replayed, layout)
 
 
