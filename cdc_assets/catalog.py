@@ -59,6 +59,7 @@ class CapturedTable:
     source_dsn_env: str | None = None
     schema_registry: SchemaRegistrySettings | None = None  # the connector's format is avro: its schemas
     column_choices: ColumnChoices = EVERY_COLUMN  # the columns kept, and the update nulls ignored
+    document_fields: tuple[tuple[str, str], ...] = ()  # MongoDB: top-level fields kept as typed columns
 
     @property
     def app_id(self) -> str:
@@ -147,6 +148,7 @@ def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: T
         automation=table.automation or connector.automation,
         schema_registry=schema_registry_settings(connector),
         column_choices=table.column_choices,
+        document_fields=tuple(table.document_fields.items()),
         **_rows_match_source(connector),
     )
 

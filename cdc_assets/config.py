@@ -32,7 +32,13 @@ from pydantic.fields import FieldInfo
 
 from cdc_assets.core.apply_modes import ApplyModeName, apply_mode
 from cdc_assets.core.columns import EVERY_COLUMN, ColumnChoices
-from cdc_assets.core.layout import DOCUMENT_KINDS
+from cdc_assets.core.layout import (
+    DOCUMENT_KINDS,
+    HIDDEN_PREFIX,
+    MONGODB_DOCUMENT_COLUMN,
+    MONGODB_ID_COLUMN,
+    document_field_type,
+)
 from cdc_assets.core.reconcile import DIALECT_OF_KIND
 from cdc_assets.io.signals import DEFAULT_DEBEZIUM_VERSION
 from cdc_assets.io.storage import check_storage
@@ -187,6 +193,24 @@ class TableConfig(_Model):
     track_history_except_columns: list[str] = Field(
         default_factory=list, description="scd2: the columns whose change alone updates the current version in "
                                           "place (instead of track_history_columns)")
+    document_fields: dict[str, str] = Field(
+        default_factory=dict, description="MongoDB: top-level field -> Spark SQL type (string, boolean, "
+                                          "tinyint, smallint, int, bigint, float, double, decimal(p,s), date, "
+                                          "timestamp), kept as a typed column beside the document")
+
+    @field_validator("document_fields")
+    @classmethod
+    def _document_fields(cls, fields: dict[str, str]) -> dict[str, str]:
+        for name, type_text in fields.items():
+            if not name or "." in name or "'" in name or name.startswith(("$", HIDDEN_PREFIX)) \
+                    or name == MONGODB_DOCUMENT_COLUMN:
+                raise ValueError(f"document_fields: '{name}' is not a top-level field name a column can take (no "
+                                 f"'.', quote or leading '$', not '{MONGODB_DOCUMENT_COLUMN}' nor {HIDDEN_PREFIX}*)")
+            try:
+                document_field_type(type_text)
+            except ValueError as exc:
+                raise ValueError(f"document_fields: field '{name}': {exc}") from None
+        return fields
 
     @field_validator("name")
     @classmethod
@@ -406,6 +430,13 @@ class ConnectorConfig(_Model):
                 apply_mode(table.apply_mode, self.kind)  # refuses a mode the connector's rows cannot take
             except ValueError as exc:
                 raise ValueError(f"connector '{self.name}', table '{table.name}': {exc}") from None
+            if table.document_fields and self.kind not in DOCUMENT_KINDS:
+                raise ValueError(f"connector '{self.name}', table '{table.name}': document_fields are for MongoDB "
+                                 f"collections, not {self.kind} tables (columns come from the events)")
+            clash = sorted(set(table.document_fields) & set(table.key_columns or [MONGODB_ID_COLUMN]))
+            if clash:
+                raise ValueError(f"connector '{self.name}', table '{table.name}': document_fields names key "
+                                 f"column(s) {clash}")
             if self.kind in DOCUMENT_KINDS and table.column_choices != EVERY_COLUMN:
                 raise ValueError(f"connector '{self.name}', table '{table.name}': column choices (include_columns, "
                                  f"exclude_columns, ignore_null_updates, track_history_*) are for columns, and "

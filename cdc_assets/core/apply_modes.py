@@ -21,18 +21,19 @@ from typing import ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cdc_assets.core.arrow import to_arrow
 from cdc_assets.core.envelope import ERROR_COLUMN, TRUNCATE_OP
-from cdc_assets.core.fold import BadEvent, BatchSummary, fold_batch
+from cdc_assets.core.fold import BatchSummary, bad_events, fold_batch
 from cdc_assets.core.history import (
     CLOSE_AT_COLUMN,
     CLOSE_TS_COLUMN,
     IN_PLACE_COLUMN,
     KIND_COLUMN,
+    LATEST_COLUMN,
     history_versions,
     latest_positions,
 )
@@ -53,7 +54,7 @@ from cdc_assets.core.layout import (
     VALID_TO_TS_COLUMN,
     ChangeEventLayout,
 )
-from cdc_assets.core.mongodb import ORPHAN_COLUMN, ORPHAN_REASON, fold_documents
+from cdc_assets.core.mongodb import BASE_DOCUMENT_COLUMN, BASE_POSITION_COLUMN, replayed_events
 from cdc_assets.core.truncation import Truncation
 
 ApplyModeName = Literal["scd1", "soft_delete", "scd2"]
@@ -271,9 +272,10 @@ class Scd2(ApplyMode):
 
 
 class Documents(ApplyMode):
-    """MongoDB collections in scd1 or soft_delete: each key's whole document is rebuilt from the
-    table's current row and the batch's patches (``core.mongodb``), then merged as ``base`` merges.
-    A patch of a document never seen is a bad event. Its fold reads the table."""
+    """MongoDB collections, on any mode (``base``): each event's whole document is rebuilt from the document
+    the table holds for its key and the batch's updates (``core.mongodb``), then the events carrying their
+    documents are folded (scd1, soft_delete) or made versions (scd2) as ``base`` does with a table's events,
+    and merged as ``base`` merges. An update that cannot be applied is a bad event. Its fold reads the table."""
 
     folds_ahead = False
 
@@ -282,27 +284,57 @@ class Documents(ApplyMode):
         self.name = base.name
         self.hidden_fields = base.hidden_fields
 
+    def _held(self, keys: pa.Table, layout: ChangeEventLayout, stored: StoredRows, spark: SparkSession
+              ) -> tuple[DataFrame | None, DataFrame | None]:
+        """The keys' stored documents and latest positions (``core.mongodb``), and for versioned tables the
+        keys' latest positions as ``core.history`` reads them."""
+        names = [*layout.key_columns, MONGODB_DOCUMENT_COLUMN]
+        if self.current_column is None:
+            rows = stored(keys, [*names, POSITION_COLUMN, OP_COLUMN]) if keys.num_rows else None
+            if rows is None or not rows.num_rows:
+                return None, None
+            frame = spark.createDataFrame(rows)
+            return frame.select(*layout.key_columns, F.when(F.col(OP_COLUMN) != "d", F.col(MONGODB_DOCUMENT_COLUMN))
+                                .alias(BASE_DOCUMENT_COLUMN), F.col(POSITION_COLUMN).alias(BASE_POSITION_COLUMN)), None
+        rows = stored(keys, [*names, VALID_FROM_COLUMN, VALID_TO_COLUMN, self.current_column]) if keys.num_rows \
+            else None
+        if rows is None or not rows.num_rows:
+            return None, None
+        versions = spark.createDataFrame(rows)
+        latest = latest_positions(versions, layout.key_columns)
+        current = versions.where(F.col(self.current_column)).select(
+            *layout.key_columns, F.col(MONGODB_DOCUMENT_COLUMN).alias(BASE_DOCUMENT_COLUMN))
+        held = latest.join(current, list(layout.key_columns), "left").select(
+            *layout.key_columns, BASE_DOCUMENT_COLUMN, F.col(LATEST_COLUMN).alias(BASE_POSITION_COLUMN))
+        return held, latest
+
     def _fold(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows
               ) -> tuple[pa.Table, BatchSummary]:
         decoded = decoded.persist()  # read twice: the fold (for the summary) and the documents
         try:
-            _, summary = fold_batch(decoded, layout)
-            keys = _good_keys(decoded, layout)
-            current = stored(keys, [*layout.key_columns, MONGODB_DOCUMENT_COLUMN, POSITION_COLUMN]) \
-                if keys.num_rows else None
-            base = decoded.sparkSession.createDataFrame(current) if current is not None and current.num_rows \
-                else None
-            folded = to_arrow(fold_documents(decoded, layout, base))
+            # The decoded events carry no document fields yet: the replay reads them from the documents.
+            fields = set(layout.document_fields.fieldNames())
+            undeclared = replace(layout, row_type=T.StructType([f for f in layout.row_type.fields
+                                                                 if f.name not in fields]))
+            _, summary = fold_batch(decoded, undeclared)
+            keys = _good_keys(decoded.where(F.col(OP_COLUMN) != TRUNCATE_OP), layout)
+            held, latest = self._held(keys, layout, stored, decoded.sparkSession)
+            # Versions need each event's document; a fold only each key's last.
+            replayed = replayed_events(decoded, layout, held, every=self.current_column is not None).persist()
+            try:  # read twice: the rows, the bad events
+                if self.current_column is None:
+                    rows, replay = fold_batch(replayed, layout)
+                    problems = replay.bad_events
+                else:
+                    rows = to_arrow(history_versions(replayed, layout, latest))
+                    problems = bad_events(replayed)
+            finally:
+                replayed.unpersist()
         finally:
             decoded.unpersist()
-        orphans = [BadEvent(o["offset"], o["partition"], ORPHAN_REASON)
-                   for o in folded[ORPHAN_COLUMN].to_pylist() if o is not None]
-        # A key whose every event was already applied, or whose patches had no document, writes nothing.
-        keep = pc.and_(pc.is_valid(folded[OP_COLUMN]),
-                       pc.or_(pc.equal(folded[OP_COLUMN], "d"), pc.is_valid(folded[MONGODB_DOCUMENT_COLUMN])))
-        if orphans:
-            summary = replace(summary, bad_events=tuple(sorted((*summary.bad_events, *orphans))))
-        return folded.filter(keep).drop_columns([ORPHAN_COLUMN]), summary
+        if problems:
+            summary = replace(summary, bad_events=tuple(sorted((*summary.bad_events, *problems))))
+        return rows, summary
 
     def _finish(self, rows: pa.Table) -> pa.Table:
         return self.base._finish(rows)
@@ -310,6 +342,13 @@ class Documents(ApplyMode):
     def merge_plan(self, key_columns: Sequence[str], columns: Sequence[str], quote: Quote,
                    truncation: Truncation | None = None) -> MergePlan:
         return self.base.merge_plan(key_columns, columns, quote, truncation)
+
+
+def _documents(base: ApplyMode) -> Documents:
+    """``Documents`` on ``base``, with the class-level rules of ``base`` that callers read."""
+    rules = {"evolves_schema": base.evolves_schema, "current_column": base.current_column,
+             "changed_at_column": base.changed_at_column}
+    return type(f"{type(base).__name__}Documents", (Documents,), rules)(base)
 
 
 _MODES: dict[str, ApplyMode] = {mode.name: mode for mode in (Scd1(), SoftDelete(), Scd2())}
@@ -321,11 +360,7 @@ def apply_mode(name: str, kind: str = "") -> ApplyMode:
         mode = _MODES[name]
     except KeyError:
         raise ValueError(f"unknown apply mode '{name}' (expected {', '.join(_MODES)})") from None
-    if kind in DOCUMENT_KINDS:
-        if isinstance(mode, Scd2):
-            raise ValueError(f"apply_mode {name} is not supported for MongoDB collections")
-        return Documents(mode)
-    return mode
+    return _documents(mode) if kind in DOCUMENT_KINDS else mode
 
 
 def _good_keys(decoded: DataFrame, layout: ChangeEventLayout) -> pa.Table:

@@ -59,19 +59,46 @@ def source_type(kind: str) -> T.StructType:
 
 
 DOCUMENT_TYPE = "map<string,variant>"
-PATCH_TYPE = "struct<`$set`: map<string,variant>, `$unset`: map<string,variant>>"
+# Change streams' update of a document without its full document (``capture.mode: change_streams``).
+UPDATE_DESCRIPTION_TYPE = T.StructType([
+    T.StructField("updatedFields", T.StringType()),  # a JSON object's text: dotted path -> value
+    T.StructField("removedFields", T.ArrayType(T.StringType())),
+    T.StructField("truncatedArrays", T.ArrayType(T.StructType([T.StructField("field", T.StringType()),
+                                                               T.StructField("size", T.IntegerType())]))),
+])
 
 
-def patch_problem(patch: Column) -> Column:
-    """Why a patch cannot be applied (null: it can)."""
-    as_document = F.from_json(patch, DOCUMENT_TYPE)
-    operators = F.from_json(patch, PATCH_TYPE)
-    touched = F.concat(F.coalesce(F.map_keys(operators["$set"]), F.array().cast("array<string>")),
-                       F.coalesce(F.map_keys(operators["$unset"]), F.array().cast("array<string>")))
+def description_patch(description: Column) -> Column:
+    """An ``updateDescription`` as the update a patch holds (``core.document_updates``): its updated fields as
+    ``$set`` (their text as sent), its removed fields as ``$unset``, its truncated arrays as ``$truncate``."""
+    truncated = F.coalesce(description["truncatedArrays"], F.array().cast(UPDATE_DESCRIPTION_TYPE["truncatedArrays"]
+                                                                          .dataType))
+    return F.when(description.isNotNull(), F.concat(
+        F.lit('{"$set":'), F.coalesce(description["updatedFields"], F.lit("{}")),
+        F.lit(',"$unset":'), F.to_json(F.coalesce(description["removedFields"], F.array().cast("array<string>"))),
+        F.lit(',"$truncate":'), F.to_json(truncated), F.lit("}")))
+
+
+def patch_problem(patch: Column, description: Column) -> Column:
+    """Why an update's patch (``patch``: as sent, or ``description_patch`` of ``description``) cannot be
+    applied (null: it can)."""
+    updated = description["updatedFields"]
+    keys = F.map_keys(F.from_json(patch, DOCUMENT_TYPE))
+    operators = F.filter(keys, lambda key: key.startswith("$"))
+    unknown = F.filter(operators, lambda key: ~key.isin("$set", "$unset", "$v"))
+    version = F.get_json_object(patch, "$['$v']")
     return (
-        F.when(as_document.isNull(), F.lit("patch is not a valid JSON object"))
-        .when(F.exists(touched, lambda key: key.contains(".")),
-              F.lit("patch changes a nested path (a.b): only top-level $set/$unset are supported"))
+        F.when(updated.isNotNull() & F.from_json(updated, DOCUMENT_TYPE).isNull(),
+               F.lit("updateDescription.updatedFields is not a valid JSON object"))
+        .when(keys.isNull(), F.lit("patch is not a valid JSON object"))
+        .when(description.isNotNull(), F.lit(None).cast("string"))
+        .when(version.isNotNull() & (version != "1"),
+              F.concat(F.lit("patch is an oplog diff ($v "), version, F.lit(", MongoDB 5.0 and later), which is not "
+                                                                         "supported: use change streams")))
+        .when(F.size(unknown) > 0, F.concat(F.lit("patch operator(s) "), F.array_join(unknown, ", "),
+                                            F.lit(" not supported (only $set and $unset)")))
+        .when((F.size(operators) > 0) & (F.size(operators) < F.size(keys)),
+              F.lit("patch mixes update operators and fields"))
     )
 
 
@@ -145,7 +172,8 @@ def envelope_type(layout: ChangeEventLayout) -> T.StructType:
             T.StructField("op", T.StringType()),
             T.StructField("source", source_type(layout.kind)),
             T.StructField("transaction", TRANSACTION_TYPE),
-            *([T.StructField("patch", T.StringType())] if layout.documents else []),
+            *([T.StructField("patch", T.StringType()), T.StructField("updateDescription", UPDATE_DESCRIPTION_TYPE)]
+              if layout.documents else []),
         ]
     )
 
@@ -218,10 +246,14 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
     unavailable_tests = layout.unavailable_tests
     if layout.documents:
         columns[MONGODB_DOCUMENT_COLUMN] = F.when(op != "d", env["after"])
-        columns[PATCH_COLUMN] = F.when(op == "u", env["patch"])
+        # An oplog patch (Debezium 1.x), else change streams' update description: one update for the fold.
+        patch = F.coalesce(env["patch"], description_patch(env["updateDescription"]))
+        columns[PATCH_COLUMN] = F.when(op == "u", patch)
         unreadable = env["after"].isNotNull() & F.from_json(env["after"], DOCUMENT_TYPE).isNull()
         typed_failures.append(F.when(unreadable, F.lit("after is not a valid JSON document")))
-        typed_failures.append(F.when((op == "u") & env["after"].isNull(), patch_problem(env["patch"])))
+        description = F.when(env["patch"].isNull(), env["updateDescription"])
+        typed_failures.append(F.when((op == "u") & env["after"].isNull() & patch.isNotNull(),
+                                     patch_problem(patch, description)))
     else:
         for field in layout.row_type.fields:
             text = image[field.name]
@@ -259,10 +291,10 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
     missing_key = F.lit(False)
     for name in layout.key_columns:
         missing_key = missing_key | columns[name].isNull()
-    # MongoDB updates may carry a patch instead of the after image.
+    # MongoDB updates may carry a patch or an update description instead of the after image.
     needs_after = op.isin("c", "u", "r") & env["after"].isNull()
     if layout.documents:
-        needs_after = needs_after & ~((op == "u") & env["patch"].isNotNull())
+        needs_after = needs_after & ~((op == "u") & (env["patch"].isNotNull() | env["updateDescription"].isNotNull()))
     after_problem = F.concat(F.lit("op '"), op, F.lit("' has no after image"))
     error = (
         F.when(~F.col("_env_is_object"), F.lit("value is not a JSON object"))

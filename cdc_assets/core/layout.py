@@ -81,6 +81,15 @@ class ChangeEventLayout:
         return self.kind in DOCUMENT_KINDS
 
     @property
+    def document_fields(self) -> T.StructType:
+        """A collection's declared top-level fields (config ``document_fields``), typed columns beside the
+        document; none for tables of columns."""
+        if not self.documents:
+            return T.StructType([])
+        return T.StructType([f for f in self.row_type.fields
+                             if f.name not in (*self.key_columns, MONGODB_DOCUMENT_COLUMN)])
+
+    @property
     def unavailable_tests(self) -> dict[str, Callable[[Column], Column]]:
         """Per row column that can carry the unavailable-value placeholder, its test (``core.types``)."""
         if self.placeholder is None:
@@ -253,6 +262,27 @@ def parse_column_types(columns: Mapping[str, str]) -> tuple[T.StructType, dict[s
     return T.StructType(fields), logical
 
 
+# The types a MongoDB document field can be read as (``core.mongodb.field_value``), by their Spark SQL names.
+_DOCUMENT_FIELD_TYPES: dict[str, T.DataType] = {
+    "string": T.StringType(), "boolean": T.BooleanType(), "tinyint": T.ByteType(), "smallint": T.ShortType(),
+    "int": T.IntegerType(), "integer": T.IntegerType(), "bigint": T.LongType(), "float": T.FloatType(),
+    "double": T.DoubleType(), "date": T.DateType(), "timestamp": T.TimestampType()}
+_DECIMAL = re.compile(r"^decimal\(\s*(\d+)\s*,\s*(\d+)\s*\)$")
+
+
+def document_field_type(text: str) -> T.DataType:
+    """The Spark type of a declared document field (``document_fields``), from its Spark SQL name; a
+    ``ValueError`` names the types a field can take."""
+    name = text.strip().lower()
+    if name in _DOCUMENT_FIELD_TYPES:
+        return _DOCUMENT_FIELD_TYPES[name]
+    decimal = _DECIMAL.match(name)
+    if decimal and 0 < int(decimal[1]) <= 38 and int(decimal[2]) <= int(decimal[1]):
+        return T.DecimalType(int(decimal[1]), int(decimal[2]))
+    raise ValueError(f"type '{text}' is not one a document field can take: {', '.join(_DOCUMENT_FIELD_TYPES)} or "
+                     "decimal(p,s)")
+
+
 def merge_row_types(base: T.StructType, extra: T.StructType) -> T.StructType:
     """``base`` with the columns of ``extra`` it lacks appended (base types win)."""
     names = set(base.fieldNames())
@@ -268,13 +298,15 @@ def derive_layout(
     existing_row_type: T.StructType | None = None,
     placeholder: str | None = None,
     previous_keys: Sequence[str] = (),
+    document_fields: Mapping[str, str] | None = None,
 ) -> ChangeEventLayout:
     """Build a table's layout from sample records (newest last) plus config and the Delta schema.
 
     Priority for the row type: the newest value's Connect schema, then configured columns, then
     the existing Delta table, each extended by what the sampled row images show. ``placeholder``:
     the connector's unavailable.value.placeholder (kept for the kinds that send it); ``previous_keys``:
-    the key columns the table's last commit recorded, for a sample with no record key (TRUNCATE).
+    the key columns the table's last commit recorded, for a sample with no record key (TRUNCATE);
+    ``document_fields``: a collection's top-level fields kept as typed columns (``core.mongodb``).
     """
     values = parse_values(sample_values)
     key_columns = tuple(configured_keys or ())
@@ -291,6 +323,7 @@ def derive_layout(
         row_type = T.StructType(
             [T.StructField(name, T.StringType()) for name in key_columns]
             + [T.StructField(MONGODB_DOCUMENT_COLUMN, T.StringType())]
+            + [T.StructField(name, document_field_type(text)) for name, text in (document_fields or {}).items()]
         )
         return ChangeEventLayout(kind, key_columns, row_type)
 

@@ -47,7 +47,7 @@ def derive_batch_layout(table: CapturedTable, raw: RawBatch, samples: tuple[list
         existing_rows = StructType([f for f in existing.fields if not f.name.startswith(HIDDEN_PREFIX)])
     try:
         layout = derive_layout(table.kind, *samples, table.key_columns, table.columns, existing_rows,
-                               table.unavailable_placeholder, key_columns)
+                               table.unavailable_placeholder, key_columns, dict(table.document_fields))
         choices = table.column_choices
         # A column the choices name is unknown only where the batch's events show the table's columns.
         return choices.applied_to(layout, bool(choices.named) and shows_columns(samples[1]))

@@ -50,15 +50,14 @@ def test_scd2_inserts_versions_once_and_closes_the_current_one_without_its_helpe
 
 
 def test_mongodb_documents_merge_as_their_mode_but_are_never_folded_ahead():
-    for name in ("scd1", "soft_delete"):
-        documents = apply_mode(name, "mongodb")
+    for name in ("scd1", "soft_delete", "scd2"):
+        documents, base = apply_mode(name, "mongodb"), apply_mode(name)
         assert isinstance(documents, Documents) and documents.name == name and not documents.folds_ahead
-        assert documents.hidden_fields == apply_mode(name).hidden_fields
-        assert documents.merge_plan(["id"], ["id"], quote_spark) == apply_mode(name).merge_plan(["id"], ["id"],
-                                                                                             quote_spark)
+        assert documents.hidden_fields == base.hidden_fields
+        assert (documents.evolves_schema, documents.current_column, documents.changed_at_column) == (
+            base.evolves_schema, base.current_column, base.changed_at_column)
+        assert documents.merge_plan(["id"], ["id"], quote_spark) == base.merge_plan(["id"], ["id"], quote_spark)
     assert apply_mode("scd1").folds_ahead and apply_mode("soft_delete").folds_ahead
-    with pytest.raises(ValueError, match="apply_mode scd2 is not supported for MongoDB"):
-        apply_mode("scd2", "mongodb")
     with pytest.raises(ValueError, match="unknown apply mode 'scd3'"):
         apply_mode("scd3")
 

@@ -90,10 +90,36 @@ def test_missing_file_and_demo_default(tmp_path, monkeypatch):
     assert DEMO_CONFIG_PATH.exists()
 
 
-def test_scd2_is_refused_for_mongodb_collections_at_load():
-    text = VALID.replace("kind: postgresql", "kind: mongodb").replace(
-        "        key_columns: [order_id]\n", "        key_columns: [order_id]\n        apply_mode: scd2\n")
-    with pytest.raises(ConfigError, match="apply_mode scd2 is not supported for MongoDB collections"):
+MONGODB = VALID.replace("kind: postgresql", "kind: mongodb").replace("        key_columns: [order_id]\n", "")
+
+
+def test_mongodb_collections_take_scd2_and_document_fields():
+    text = MONGODB.replace("        path: custom/orders\n", "        path: custom/orders\n        apply_mode: scd2\n"
+                           "        document_fields: {status: string, qty: bigint, total: 'decimal(10,2)'}\n")
+    orders = resolve_tables(parse_config(text))[1]
+    assert orders.apply_mode == "scd2" and orders.document_fields == (
+        ("status", "string"), ("qty", "bigint"), ("total", "decimal(10,2)"))
+
+
+@pytest.mark.parametrize(("fields", "problem"), [
+    ("{qty: int64}", "field 'qty': type 'int64' is not one a document field can take"),
+    ("{qty: 'array<int>'}", "is not one a document field can take"),
+    ("{'a.b': string}", "'a.b' is not a top-level field name"),
+    ("{document: string}", "'document' is not a top-level field name"),
+    ("{_cdc_op: string}", "'_cdc_op' is not a top-level field name"),
+    ("{id: string}", r"document_fields names key column\(s\) \['id'\]"),
+])
+def test_document_fields_are_validated_at_load(fields, problem):
+    text = MONGODB.replace("        path: custom/orders\n",
+                           f"        path: custom/orders\n        document_fields: {fields}\n")
+    with pytest.raises(ConfigError, match=problem):
+        parse_config(text)
+
+
+def test_document_fields_are_for_mongodb_only():
+    text = VALID.replace("        path: custom/orders\n",
+                         "        path: custom/orders\n        document_fields: {a: string}\n")
+    with pytest.raises(ConfigError, match="document_fields are for MongoDB collections, not postgresql tables"):
         parse_config(text)
 
 
@@ -131,11 +157,14 @@ def test_the_documented_config_example_loads_as_written():
     from pathlib import Path
 
     reference = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
-    [example] = re.findall(r"```yaml\n(.*?)```", reference, re.S)
+    example, mongodb = re.findall(r"```yaml\n(.*?)```", reference, re.S)
     config = parse_config(example)
     [connector] = config.connectors
     assert connector.name == "inventory" and connector.format == "json"
     assert [table.name for table in connector.tables] == ["inventory.customers", "inventory.audit_log"]
+    [orders] = resolve_tables(parse_config(mongodb))
+    assert (orders.topic, orders.apply_mode, orders.document_fields) == ("mongo1.inventory.orders", "scd2", (
+        ("status", "string"), ("qty", "bigint"), ("total", "decimal(10,2)"), ("placed", "timestamp")))
 
 
 def test_a_run_names_a_kafka_secret_variable_that_is_not_set(monkeypatch):

@@ -439,26 +439,136 @@ def test_a_column_in_value_schemas_before_the_schema_change_job_is_added_by_the_
         assert {k[0]: (r["v"], r["x"]) for k, r in rows.items()} == {1: ("c", 8), 2: ("b", 7)}
 
 
+# A reference of MongoDB's update rules on Python values, written apart from ``core.document_updates``: each
+# operation returns a new value (copied along its path) instead of changing one in place.
+def ref_set(node, parts, value):
+    """$set: a missing parent becomes an embedded document; an array grows with nulls to an index set past it."""
+    head, rest = parts[0], parts[1:]
+    if isinstance(node, list):
+        index = int(head)
+        grown = list(node) + [None] * max(0, index + 1 - len(node))
+        grown[index] = ref_set(grown[index] if index < len(node) else {}, rest, value) if rest else value
+        return grown
+    copy = dict(node)
+    copy[head] = ref_set(copy.get(head, {}), rest, value) if rest else value
+    return copy
+
+
+def ref_unset(node, parts):
+    """$unset: a field removed, an array element nulled, a path that reaches nothing ignored."""
+    head, rest = parts[0], parts[1:]
+    if isinstance(node, list):
+        if not head.isdigit() or int(head) >= len(node):
+            return node
+        index = int(head)
+        return [(ref_unset(item, rest) if rest else None) if i == index else item for i, item in enumerate(node)]
+    if not isinstance(node, dict) or head not in node:
+        return node
+    if not rest:
+        return {k: v for k, v in node.items() if k != head}
+    return {**node, head: ref_unset(node[head], rest)}
+
+
+def ref_truncate(node, parts, size):
+    if not parts:
+        return node[:size]
+    head, rest = parts[0], parts[1:]
+    if isinstance(node, list):
+        return [ref_truncate(item, rest, size) if i == int(head) else item for i, item in enumerate(node)]
+    return {**node, head: ref_truncate(node[head], rest, size)}
+
+
+def _is_document(value):
+    return isinstance(value, dict) and not next(iter(value), "").startswith("$")  # not an extended-JSON value
+
+
+def _containers(node, path=()):
+    """The paths of a document's embedded documents and arrays (the root's included), where a path can go on."""
+    yield path, node
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for name, value in items:
+        if isinstance(value, list) or _is_document(value):
+            yield from _containers(value, (*path, str(name)))
+
+
+def _random_value(rng, step):
+    return rng.choice([step, f"s{step}", None, True, {"$numberLong": str(step)}, {"k": step, "l": [step]},
+                       [step, {"m": step}]])
+
+
+def _nested_update(rng, document, step):
+    """One to three changes (``(kind, path parts, value)``) of distinct top-level fields of ``document``: sets of
+    fields that exist or not (a missing parent, an index past an array's end), unsets (of missing paths too),
+    array truncations."""
+    changes, used = [], set()
+    for _ in range(rng.randint(1, 3)):
+        path, node = rng.choice([c for c in _containers(document) if not c[0] or c[0][0] not in used])
+        draw = rng.random()
+        if isinstance(node, list):
+            if draw < 0.2 and node:
+                changes.append(("truncate", path, rng.randrange(len(node))))
+            elif draw < 0.45:
+                changes.append(("unset", (*path, str(rng.randrange(len(node) + 2))), None))
+            else:
+                tail = (str(rng.randrange(len(node) + 3)),) + (("new",) if rng.random() < 0.3 else ())
+                if len(tail) == 2 and int(tail[0]) < len(node) and not _is_document(node[int(tail[0])]):
+                    tail = tail[:1]  # a field inside a value that is not a document: MongoDB refuses it
+                changes.append(("set", (*path, *tail), _random_value(rng, step)))
+        else:
+            names = [name for name in node if name != "_id"]
+            if draw < 0.3 and names:
+                changes.append(("unset", (*path, rng.choice(names)), None))
+            elif draw < 0.4:
+                changes.append(("unset", (*path, "absent", "deeper"), None))
+            elif draw < 0.7 and names:
+                changes.append(("set", (*path, rng.choice(names)), _random_value(rng, step)))
+            else:
+                changes.append(("set", (*path, f"f{step}", *(("g", "h") if rng.random() < 0.3 else ())),
+                                _random_value(rng, step)))
+        top = changes[-1][1][0]
+        if top in used or top == "_id":
+            changes.pop()
+        else:
+            used.add(top)
+    return changes
+
+
+def _as_event(rng, changes):
+    """Changes as Debezium sends them: an oplog patch ($set/$unset, Debezium 1.x) or, where they include a
+    truncation or at random, change streams' updateDescription (Debezium 2.x and later)."""
+    sets = {".".join(path): value for kind, path, value in changes if kind == "set"}
+    unsets = [".".join(path) for kind, path, _ in changes if kind == "unset"]
+    truncations = [{"field": ".".join(path), "size": size} for kind, path, size in changes if kind == "truncate"]
+    if truncations or not (sets or unsets) or rng.random() < 0.5:
+        return {"updateDescription": {"updatedFields": json.dumps(sets) if sets else None,
+                                      "removedFields": unsets or None, "truncatedArrays": truncations or None}}
+    operators = {**({"$set": sets} if sets else {}), **({"$unset": dict.fromkeys(unsets, True)} if unsets else {})}
+    return {"patch": json.dumps(operators)}
+
+
 def mongo_history(rng: random.Random, length: int, docs: int = 4,
                   first_doc: int = 0) -> tuple[list[tuple[int, str, dict]], dict]:
     """Random MongoDB events (doc, op, payload fields) on documents from ``first_doc``, and the
-    reference documents after them."""
+    reference documents after them (``ref_*``)."""
     state: dict[int, dict] = {}
     events = []
     for step in range(length):
         doc = first_doc + rng.randrange(docs)
         draw = rng.random()
         if doc not in state:
-            state[doc] = {"_id": {"$numberLong": str(doc)}, "a": step, "b": f"s{step}"}
+            state[doc] = {"_id": {"$numberLong": str(doc)}, "a": step, "b": f"s{step}",
+                          "n": {"x": step, "arr": [1, {"q": step}, [2, 3]]}}
             events.append((doc, "c" if draw < 0.7 else "r", {"after": json.dumps(state[doc])}))
-        elif draw < 0.35:
-            field, value = rng.choice(["a", "b", "c", "nested"]), {"k": [step, "x"]} if draw < 0.1 else step
-            state[doc] = {**state[doc], field: value}
-            events.append((doc, "u", {"patch": json.dumps({"$set": {field: value}})}))
-        elif draw < 0.5 and len(state[doc]) > 1:
-            field = rng.choice([f for f in state[doc] if f != "_id"])
-            state[doc] = {k: v for k, v in state[doc].items() if k != field}
-            events.append((doc, "u", {"patch": json.dumps({"$unset": {field: True}})}))
+        elif draw < 0.55:
+            changes = _nested_update(rng, state[doc], step)
+            for kind, path, value in changes:
+                if kind == "set":
+                    state[doc] = ref_set(state[doc], path, value)
+                elif kind == "unset":
+                    state[doc] = ref_unset(state[doc], path)
+                else:
+                    state[doc] = ref_truncate(state[doc], path, value)
+            events.append((doc, "u", _as_event(rng, changes)))
         elif draw < 0.65:
             state[doc] = {"_id": state[doc]["_id"], "replaced": step}
             events.append((doc, "u", {"patch": json.dumps(state[doc])}))
@@ -476,7 +586,9 @@ def mongo_history(rng: random.Random, length: int, docs: int = 4,
 @example(seed=0, lengths=[8], partitions=1, max_records=2)  # found the string_view base lookup bug
 def test_random_mongodb_histories_end_as_the_reference(spark, broker, writer, tmp_path, seed, lengths, partitions,
                                                        max_records):
-    """Packed like the relational histories: documents 100 apart, events interleaved in one topic."""
+    """Packed like the relational histories: documents 100 apart, events interleaved in one topic; nested
+    $set/$unset and update descriptions against the reference (``ref_*``), in scd1 and in scd2 (the current
+    versions), each field in MongoDB's order."""
     rng = random.Random(seed)
     histories, expected = [], {}
     for index, length in enumerate(lengths):
@@ -492,13 +604,20 @@ def test_random_mongodb_histories_end_as_the_reference(spark, broker, writer, tm
         recs.append((key, json.dumps({"op": op, "source": source, "ts_ms": 1, **fields}).encode()))
         if op == "d":
             recs.append((key, None))
-    topic = new_topic(broker, "mongo.db.docs", partitions=partitions)
-    produce_spread(broker, topic, recs, partitions, rng)
-    table = captured_table(topic, tmp_path / str(seed), kind="mongodb")
-    apply_all(spark, broker, writer, table, max_records * len(lengths))
-    rows = read_rows(spark, writer, table)
-    assert {json.loads(k[0])["$numberLong"]: json.loads(row["document"]) for k, row in rows.items()} == {
-        str(doc): document for doc, document in expected.items()}
+    want = {str(doc): json.dumps(document) for doc, document in expected.items()}
+    for mode in ("scd1", "scd2"):
+        topic = new_topic(broker, "mongo.db.docs", partitions=partitions)
+        produce_spread(broker, topic, recs, partitions, random.Random(f"{seed}/partitions"))
+        table = replace(captured_table(topic, tmp_path / f"{seed}-{mode}", kind="mongodb"), apply_mode=mode)
+        apply_all(spark, broker, writer, table, max_records * len(lengths))
+        if mode == "scd1":
+            rows = read_rows(spark, writer, table)
+            got = {json.loads(k[0])["$numberLong"]: row["document"] for k, row in rows.items()}
+        else:
+            got = {json.loads(key)["$numberLong"]: version["document"]
+                   for key, versions in scd2_versions(spark, writer, table).items() for version in versions
+                   if version["_cdc_current"]}
+        assert {doc: json.dumps(json.loads(text)) for doc, text in got.items()} == want, mode
 
 
 # --- primary-key changes of rows with unchanged TOASTed values (REPLICA IDENTITY DEFAULT) ---
