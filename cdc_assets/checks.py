@@ -62,6 +62,7 @@ from cdc_assets.io.reconcile import (
     committed_position_reached,
     open_source,
     reconcile,
+    recorded_position,
 )
 from cdc_assets.io.registry import read_registry
 from cdc_assets.io.transactions import latest_watermark
@@ -452,7 +453,8 @@ def evaluate_rows_match_source(table: CapturedTable, key: AssetKey, spark: Spark
         return _not_evaluated(key, ROWS_MATCH_SOURCE_CHECK, NOT_MATERIALIZED.format(name=table.name))
     try:
         source = open_source(table.kind, dsn)
-        delta = DeltaSide(spark.spark_session, table.target.path, apply_mode(table.apply_mode, table.kind))
+        delta = DeltaSide(spark.spark_session, table.target.path, apply_mode(table.apply_mode, table.kind),
+                          recorded_position(table.target, table.app_id))
         try:
             with FreshnessProbe(kafka.client_settings()) as probe:
                 def events_waiting() -> int:

@@ -45,6 +45,7 @@ from cdc_assets.core.reconcile import (
     live_rows,
     quote,
 )
+from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
 from cdc_assets.io.signals import MySQLAddress, mysql_address, without_secrets
 
 
@@ -196,12 +197,27 @@ def open_source(kind: str, dsn: str) -> SourceDatabase:
     return PostgresSource(dsn)
 
 
+def recorded_position(target: DeltaTarget, app_id: str) -> Callable[[], str | None]:
+    """A look-up of the source position the latest batch commit of ``app_id`` recorded in ``target``'s log
+    (``TableProgress.source_position``; None before any, or for a table last written before positions were
+    recorded): the log's new commits only, never the table's rows."""
+    writer = DeltaRsWriter()  # keeps the table loaded: each look reads only the commits since the last
+
+    def position() -> str | None:
+        progress = writer.read_progress(target, app_id)
+        return progress.source_position if progress is not None else None
+
+    return position
+
+
 class DeltaSide:
     """The Delta table in Spark: its rows that stand for the source's (``core.reconcile.live_rows``) in a
-    temporary view, read again at every query (each sees the table's latest version)."""
+    temporary view, read again at every query (each sees the table's latest version). ``recorded``: the
+    position its commits recorded (``recorded_position``), read before scanning the rows for one."""
 
-    def __init__(self, spark: SparkSession, path: str, mode: ApplyMode):
-        self._spark, self._path, self.mode = spark, path, mode
+    def __init__(self, spark: SparkSession, path: str, mode: ApplyMode,
+                 recorded: Callable[[], str | None] | None = None):
+        self._spark, self._path, self.mode, self._recorded = spark, path, mode, recorded
         self.view = f"rows_match_source_{uuid.uuid4().hex}"
 
     def schema(self) -> T.StructType:
@@ -214,8 +230,12 @@ class DeltaSide:
         return [tuple(row) for row in self._spark.sql(sql).collect()]
 
     def position(self) -> str:
-        """The newest source position of a change the table holds (its apply mode's ``changed_at_column``): a
-        lower bound of what it has applied (an scd1 delete leaves no row to read it from)."""
+        """The greatest source position of a change the table has applied: as its latest batch commit recorded
+        it, else (a table last written before commits recorded it) the newest its rows hold (the apply mode's
+        ``changed_at_column``), a lower bound (an scd1 delete leaves no row to read it from) read by a scan."""
+        recorded = self._recorded() if self._recorded is not None else None
+        if recorded is not None:
+            return recorded
         column = quote(self.mode.changed_at_column, "spark")
         newest = self.query(f"SELECT max({column}) FROM {self.view}")[0][0]
         return str(newest or "")
