@@ -3,8 +3,9 @@
 Every commit that applies a batch carries ``{"cdc_assets": {"app_id", "version", "topic", "offsets",
 "key_columns"}}`` (and ``transactions`` / ``truncated_at`` / ``source_position`` where the table has them): the
 offsets the next batch starts from, the table's key columns, and the greatest source position of a change the
-table has applied (``applied_position``: what rows_match_source waits for, read without scanning the table). Every reader of that record (the writers' progress, the
-transaction watermark, a row's history, the benchmarks) goes through ``recorded_commit``.
+table has applied (``CommitRequest.applying``: what rows_match_source waits for, read without scanning the
+table). Every reader of that record (the writers' progress, the transaction watermark, a row's history, the
+benchmarks) goes through ``recorded_commit``.
 """
 
 from __future__ import annotations
