@@ -424,6 +424,8 @@ def build_freshness_checks(name: str, tables: Sequence[CapturedTable],
     return freshness
 
 
+# The rows_match_source metadata entry holding the drifted keys machine-readable, for a repair.
+DRIFTED_RANGES = "drifted_ranges"
 # What rows_match_source compares in each apply mode.
 _COMPARED_ROWS = {"scd1": "rows", "soft_delete": "live rows (not marked deleted)", "scd2": "current versions"}
 
@@ -498,6 +500,8 @@ def _rows_match_source_result(table: CapturedTable, key: AssetKey, result: Recon
         "source_s": round(result.source_s, 3), "delta_s": round(result.delta_s, 3),
         "waited_s": round(result.waited_s, 3), "live_rows_filter": live_rows(apply_mode(table.apply_mode)) or "",
     }
+    if result.drifted:  # what drift_repair_sensor's targeted snapshot reads (``core.reconcile.DriftedRanges``)
+        metadata[DRIFTED_RANGES] = MetadataValue.json(result.drifted_ranges().to_metadata())
     return AssetCheckResult(asset_key=key, check_name=ROWS_MATCH_SOURCE_CHECK, passed=result.passed,
                             severity=AssetCheckSeverity.ERROR if result.drifted else AssetCheckSeverity.WARN,
                             description=description, metadata=metadata)

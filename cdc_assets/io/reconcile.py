@@ -35,6 +35,7 @@ from cdc_assets.core.reconcile import (
     BucketSums,
     ComparedColumn,
     Dialect,
+    DriftedRanges,
     KeyDifference,
     KeyRows,
     TableQueries,
@@ -276,11 +277,17 @@ class Reconciliation:
     source_s: float = 0.0
     delta_s: float = 0.0
     waited_s: float = 0.0
+    key_columns: tuple[ComparedColumn, ...] = ()
 
     @property
     def passed(self) -> bool:
         """No drift, and no bucket left unsettled."""
         return not self.drifted and not self.unsettled
+
+    def drifted_ranges(self) -> DriftedRanges:
+        """The drifted keys, machine-readable, for a repair (``core.reconcile.DriftedRanges``)."""
+        return DriftedRanges.of(self.buckets, self.key_columns,
+                                [difference for bucket in self.drifted for difference in bucket.differences])
 
 
 Reached = Callable[[str], bool]
@@ -337,10 +344,9 @@ def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns:
         raise ReconcileError(f"{table}: key column(s) {missing_keys} cannot be compared (absent on one side, or of "
                              "a type with no common text)")
     keys: tuple[ComparedColumn, ...] = tuple(by_name[name] for name in key_columns)
-    mine = TableQueries(".".join(quote(part, source.dialect) for part in table.split(".")), keys, tuple(columns),
-                        buckets, source.dialect)
+    mine = TableQueries(_relation(table, source.dialect), keys, tuple(columns), buckets, source.dialect)
     theirs = TableQueries(delta.view, keys, tuple(columns), buckets, "spark", live_rows(delta.mode))
-    result = Reconciliation(buckets, [column.name for column in columns], left_out)
+    result = Reconciliation(buckets, [column.name for column in columns], left_out, key_columns=keys)
 
     with _spent(result, "delta_s"):
         delta_sums = _sums(delta.query(theirs.checksums()))
@@ -380,6 +386,18 @@ def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns:
             drifted.differences.sort(key=lambda d: d.display)
         break
     return result
+
+
+def _relation(table: str, dialect: Dialect) -> str:
+    """``table`` (``schema.table``) quoted for ``dialect``."""
+    return ".".join(quote(part, dialect) for part in table.split("."))
+
+
+def rows_matching(source: SourceDatabase, table: str, condition: str) -> tuple[str, int]:
+    """How many rows of ``table`` (``schema.table``) the SQL predicate ``condition`` selects, with the source
+    position of that look."""
+    position, rows = source.look(f"SELECT count(*) FROM {_relation(table, source.dialect)} WHERE {condition}")
+    return position, int(rows[0][0])
 
 
 def _digest(rows: KeyRows, key: str) -> str | None:
