@@ -224,8 +224,13 @@ def make_drift_repair_sensor(tables: Sequence[CapturedTable], connectors: Sequen
         settings = table.rows_match_source
         assert settings is not None and table.source_dsn_env is not None
         if repair.expected_reads is None:
+            dsn = os.environ.get(table.source_dsn_env)
+            if not dsn:
+                context.log.warning(f"{name}: the environment variable {table.source_dsn_env} (the source "
+                                    f"database's connection string) is not set: repair {repair.id} waits for it")
+                return None
             try:
-                source = open_source(table.kind, os.environ.get(table.source_dsn_env, ""))
+                source = open_source(table.kind, dsn)
                 try:
                     repair.source_position, repair.expected_reads = rows_matching(source, table.name,
                                                                                   repair.condition)
