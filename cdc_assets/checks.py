@@ -456,7 +456,7 @@ def evaluate_rows_match_source(table: CapturedTable, key: AssetKey, spark: Spark
     try:
         source = open_source(table.kind, dsn)
         delta = DeltaSide(spark.spark_session, table.target.path, apply_mode(table.apply_mode, table.kind),
-                          recorded_position(table.target, table.app_id))
+                          recorded_position(table.target, table.app_id, writer))
         try:
             with FreshnessProbe(kafka.client_settings()) as probe:
                 def events_waiting() -> int:

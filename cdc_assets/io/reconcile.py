@@ -198,11 +198,12 @@ def open_source(kind: str, dsn: str) -> SourceDatabase:
     return PostgresSource(dsn)
 
 
-def recorded_position(target: DeltaTarget, app_id: str) -> Callable[[], str | None]:
+def recorded_position(target: DeltaTarget, app_id: str, writer: DeltaRsWriter | None = None
+                      ) -> Callable[[], str | None]:
     """A look-up of the source position the latest batch commit of ``app_id`` recorded in ``target``'s log
     (``TableProgress.source_position``; None before any, or for a table last written before positions were
-    recorded): the log's new commits only, never the table's rows."""
-    writer = DeltaRsWriter()  # keeps the table loaded: each look reads only the commits since the last
+    recorded), through ``writer`` (default a new one): the log's new commits only, never the table's rows."""
+    writer = writer or DeltaRsWriter()  # keeps the table loaded: each look reads only the commits since the last
 
     def position() -> str | None:
         progress = writer.read_progress(target, app_id)
