@@ -62,6 +62,7 @@ from cdc_assets.io.reconcile import (
     committed_position_reached,
     open_source,
     reconcile,
+    recorded_position,
 )
 from cdc_assets.io.registry import read_registry
 from cdc_assets.io.transactions import latest_watermark
@@ -423,6 +424,8 @@ def build_freshness_checks(name: str, tables: Sequence[CapturedTable],
     return freshness
 
 
+# The rows_match_source metadata entry holding the drifted keys machine-readable, for a repair.
+DRIFTED_RANGES = "drifted_ranges"
 # What rows_match_source compares in each apply mode.
 _COMPARED_ROWS = {"scd1": "rows", "soft_delete": "live rows (not marked deleted)", "scd2": "current versions"}
 
@@ -452,7 +455,8 @@ def evaluate_rows_match_source(table: CapturedTable, key: AssetKey, spark: Spark
         return _not_evaluated(key, ROWS_MATCH_SOURCE_CHECK, NOT_MATERIALIZED.format(name=table.name))
     try:
         source = open_source(table.kind, dsn)
-        delta = DeltaSide(spark.spark_session, table.target.path, apply_mode(table.apply_mode, table.kind))
+        delta = DeltaSide(spark.spark_session, table.target.path, apply_mode(table.apply_mode, table.kind),
+                          recorded_position(table.target, table.app_id, writer))
         try:
             with FreshnessProbe(kafka.client_settings()) as probe:
                 def events_waiting() -> int:
@@ -496,6 +500,8 @@ def _rows_match_source_result(table: CapturedTable, key: AssetKey, result: Recon
         "source_s": round(result.source_s, 3), "delta_s": round(result.delta_s, 3),
         "waited_s": round(result.waited_s, 3), "live_rows_filter": live_rows(apply_mode(table.apply_mode)) or "",
     }
+    if result.drifted:  # what drift_repair_sensor's targeted snapshot reads (``core.reconcile.DriftedRanges``)
+        metadata[DRIFTED_RANGES] = MetadataValue.json(result.drifted_ranges().to_metadata())
     return AssetCheckResult(asset_key=key, check_name=ROWS_MATCH_SOURCE_CHECK, passed=result.passed,
                             severity=AssetCheckSeverity.ERROR if result.drifted else AssetCheckSeverity.WARN,
                             description=description, metadata=metadata)

@@ -319,6 +319,10 @@ class RowsMatchSourceConfig(_Model):
         "how long a check waits for the table to apply the changes that were in flight when it first looked; "
         "a bucket still waiting is reported as unsettled (a warning), never as drift"))
     sample_keys: int = Field(default=5, gt=0, description="keys named per drifted bucket")
+    repair_timeout_s: float = Field(default=3600.0, gt=0, description=(
+        "drift_repair_sensor: how long after requesting a repair's snapshot it re-runs the check even if fewer "
+        "snapshot reads than the source's matching rows were merged (rows deleted meanwhile, a stopped "
+        "connector)"))
 
 
 class SnapshotScheduleConfig(_Model):

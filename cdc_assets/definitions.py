@@ -35,6 +35,7 @@ from jobs import (
 )
 from jobs.merge import UI_MERGE_JOB
 from sensors import (
+    make_drift_repair_sensor,
     make_events_waiting_sensor,
     make_schema_change_sensor,
     make_snapshot_backfill_sensor,
@@ -113,8 +114,8 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     source_checks: dict[str, list[AssetCheckKey]] = {}  # per connector
     for connector_name, op in source_ops:
         source_checks.setdefault(connector_name, []).extend(op.check_keys)
-    source_jobs = [build_rows_match_source_job(connector, source_checks[connector.name])
-                   for connector in config.connectors if connector.name in source_checks]
+    source_jobs = {connector.name: build_rows_match_source_job(connector, source_checks[connector.name])
+                   for connector in config.connectors if connector.name in source_checks}
     left_out = [*scheduled_checks, *(key for keys in source_checks.values() for key in keys)]
     merge_job = build_merge_job(left_out)
     ui_merge_job = build_merge_job(left_out, UI_MERGE_JOB)  # the job the UI's Materialize runs
@@ -132,6 +133,10 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
         sensors.append(make_snapshot_backfill_sensor([t for t in live if t.connector in signalled],
                                                      incremental_snapshot_job, merge_job,
                                                      kafka_settings, translator=translator))
+    repair = make_drift_repair_sensor(live, config.connectors, incremental_snapshot_job,
+                                      {name: job for name, (job, _) in source_jobs.items()}, translator=translator)
+    if repair is not None:
+        sensors.append(repair)
     topic_sources = [build_topic_sources(tables, kafka_settings, translator)] if tables else []
     return Definitions(
         assets=[*(build_connector_assets(group, config.batch, transactional.get(connector), translator,
@@ -142,9 +147,9 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
         jobs=[merge_job, ui_merge_job, incremental_snapshot_job, stop_snapshot_job, pause_snapshot_job,
               resume_snapshot_job, apply_schema_change_job, freshness_job, compaction_job,
               build_preflight_job(config), *(build_observe_topics_job(sources) for sources in topic_sources),
-              *(job for job, _ in source_jobs)],
+              *(job for job, _ in source_jobs.values())],
         schedules=[*build_merge_schedules(config, merge_job, tables, kafka_settings, translator),
-                   *(schedule for _, schedule in source_jobs if schedule is not None),
+                   *(schedule for _, schedule in source_jobs.values() if schedule is not None),
                    *build_snapshot_schedules(config),
                    build_freshness_schedule(config, freshness_job), build_compaction_schedule(config, compaction_job)],
         sensors=sensors,

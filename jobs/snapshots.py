@@ -7,6 +7,7 @@ records it in the signals audit table and shows it as output metadata. Signal id
 ``cdc-assets-<run id>-<n>``.
 """
 
+from collections.abc import Sequence
 from enum import Enum
 from typing import Literal
 
@@ -122,11 +123,16 @@ resume_snapshot_job = _signal_job(
 
 
 def execute_snapshot_run_config(connector: str, tables: list[str], additional_condition: str | None = None,
-                                surrogate_key: str | None = None) -> dict:
-    """Run config of ``incremental_snapshot_job`` for these tables."""
+                                surrogate_key: str | None = None,
+                                additional_conditions: Sequence[tuple[str, str]] = ()) -> dict:
+    """Run config of ``incremental_snapshot_job`` for these tables; ``additional_conditions``: ``(table,
+    filter)`` pairs, a filter per table."""
     settings: dict[str, object] = {"connector": connector, "tables": tables}
     if additional_condition:
         settings["additional_condition"] = additional_condition
+    if additional_conditions:
+        settings["additional_conditions"] = [{"table": table, "filter": condition}
+                                             for table, condition in additional_conditions]
     if surrogate_key:
         settings["surrogate_key"] = surrogate_key
     return {"ops": {"send_execute_snapshot": {"config": settings}}}

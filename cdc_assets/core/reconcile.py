@@ -31,9 +31,10 @@ A column with no rule here (structs, arrays, doubles on MariaDB) is left out of 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pyspark.sql import types as T
 
@@ -300,3 +301,131 @@ def key_differences(source: KeyRows, delta: KeyRows) -> dict[str, KeyDifference]
         elif mine.digest != theirs.digest:
             found[key] = KeyDifference(key, mine.display, "different", mine.bucket)
     return found
+
+
+# Keys a check lists by name for a repair; past this many, the repair reads their whole buckets.
+MAX_LISTED_KEYS = 1000
+
+
+@dataclass(frozen=True)
+class DriftedRanges:
+    """What drifted in a table, machine-readable: the check's metadata carries it, a repair's incremental
+    snapshot reads it back as the WHERE of exactly those rows (``condition``). Buckets are hash buckets of the
+    key (``bucket_of``), not ordered ranges: a drifted range is a bucket, narrowed to its drifted keys.
+
+    Only the keys a snapshot can heal are listed: missing from Delta, or with different values (a snapshot
+    re-reads the source's row); a key in Delta only (``extra``) has no source row to read."""
+
+    buckets: int  # the bucket count the check split the key by
+    key_columns: tuple[ComparedColumn, ...]
+    drifted_buckets: tuple[int, ...]  # the buckets holding a key to heal
+    keys: tuple[str, ...] | None  # those keys' canonical texts (``row_text``); None past ``MAX_LISTED_KEYS``
+    extra_keys: int = 0  # keys in Delta only, which no snapshot heals
+
+    @classmethod
+    def of(cls, buckets: int, key_columns: Sequence[ComparedColumn], differences: Iterable[KeyDifference]
+           ) -> DriftedRanges:
+        """The ranges of ``differences`` found with ``buckets`` buckets over ``key_columns``."""
+        healable = sorted((d for d in differences if d.kind != "extra"), key=lambda d: d.key)
+        extra = sum(1 for d in differences if d.kind == "extra")
+        keys = tuple(d.key for d in healable) if len(healable) <= MAX_LISTED_KEYS else None
+        return cls(buckets, tuple(key_columns), tuple(sorted({d.bucket for d in healable})), keys, extra)
+
+    def to_metadata(self) -> dict[str, Any]:
+        """As JSON the check's metadata holds (``from_metadata`` reads it back)."""
+        return {"buckets": self.buckets, "drifted_buckets": list(self.drifted_buckets),
+                "key_columns": [{"name": c.name, "canonical": c.canonical, "source_type": c.source_type}
+                                for c in self.key_columns],
+                "keys": list(self.keys) if self.keys is not None else None, "extra_keys": self.extra_keys}
+
+    @classmethod
+    def from_metadata(cls, value: Mapping[str, Any]) -> DriftedRanges:
+        """The ranges ``to_metadata`` wrote; ``ValueError`` naming what is wrong in anything else."""
+        try:
+            columns = tuple(ComparedColumn(str(c["name"]), c["canonical"], str(c["source_type"]))
+                            for c in value["key_columns"])
+            keys = value["keys"]
+            ranges = cls(int(value["buckets"]), columns, tuple(int(b) for b in value["drifted_buckets"]),
+                         tuple(str(k) for k in keys) if keys is not None else None, int(value.get("extra_keys", 0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"drifted ranges not as rows_match_source writes them ({exc!r}): {value}") from None
+        unknown = [c.canonical for c in columns if c.canonical not in _CANONICALS]
+        if unknown or not columns:
+            raise ValueError(f"drifted ranges with no key column or an unknown canonical text {unknown}: {value}")
+        return ranges
+
+    def describe(self) -> str:
+        """The ranges as a person reads them: the buckets, and the keys where listed."""
+        what = f"{len(self.keys)} key(s)" if self.keys is not None else "every key"
+        return f"{what} in bucket(s) {list(self.drifted_buckets)} of {self.buckets}"
+
+    def condition(self, dialect: Dialect, fits: Callable[[str], bool] = lambda _: True) -> str | None:
+        """The SQL predicate (``dialect``'s) true for exactly the listed keys' rows, or, when the keys are not
+        listed or that predicate does not ``fit`` (the signal that carries it has a size limit), for every row
+        of the drifted buckets; None when that does not fit either (or nothing is to heal)."""
+        if not self.drifted_buckets:
+            return None
+        by_keys = self._keys_condition(dialect) if self.keys is not None else None
+        if by_keys is not None and fits(by_keys):
+            return by_keys
+        bucket = bucket_of(self.key_columns, self.buckets, dialect)
+        by_buckets = f"{bucket} IN ({', '.join(str(b) for b in self.drifted_buckets)})"
+        return by_buckets if fits(by_buckets) else None
+
+    def _keys_condition(self, dialect: Dialect) -> str | None:
+        """``(c1, c2) IN ((v1, v2), ...)``: an integer key column compared as itself (an index serves it),
+        another by its canonical text; None when a key has a null part (no ``IN`` matches a null)."""
+        assert self.keys is not None
+        rows: list[str] = []
+        for key in self.keys:
+            values = [value for value in key_values(key) if value is not None]
+            if len(values) != len(self.key_columns):
+                return None
+            rows.append(", ".join(_literal(column, value, dialect)
+                                  for column, value in zip(self.key_columns, values, strict=True)))
+        sides = [quote(c.name, dialect) if c.canonical == "integer" else value_text(c, dialect)
+                 for c in self.key_columns]
+        if len(sides) == 1:
+            return f"{sides[0]} IN ({', '.join(rows)})"
+        return f"({', '.join(sides)}) IN ({', '.join(f'({row})' for row in rows)})"
+
+
+_CANONICALS = set(get_args(Canonical))
+_INTEGER_TEXT = re.compile(r"^-?[0-9]+$")
+
+
+def key_values(key: str) -> list[str | None]:
+    """The canonical texts of a key's columns from its text (``row_text``: ``length:text`` or ``~`` for a null,
+    joined by ``|``); ``ValueError`` for a text not of that form."""
+    values: list[str | None] = []
+    at = 0
+    while True:
+        if key.startswith(NULL_TEXT, at):
+            values.append(None)
+            at += len(NULL_TEXT)
+        else:
+            colon = key.find(":", at)
+            if colon < 0 or not key[at:colon].isdigit():
+                raise ValueError(f"not a key's canonical text: {key!r}")
+            end = colon + 1 + int(key[at:colon])
+            if end > len(key):
+                raise ValueError(f"not a key's canonical text: {key!r}")
+            values.append(key[colon + 1:end])
+            at = end
+        if at == len(key):
+            return values
+        if key[at] != "|":
+            raise ValueError(f"not a key's canonical text: {key!r}")
+        at += 1
+
+
+def _literal(column: ComparedColumn, value: str, dialect: Dialect) -> str:
+    """``value`` (a canonical text of ``column``) as an SQL literal of ``dialect``: a number for an integer
+    column, else a string compared with the column's canonical text."""
+    if column.canonical == "integer":
+        if not _INTEGER_TEXT.match(value):
+            raise ValueError(f"key column {column.name}: {value!r} is not an integer")
+        return value
+    text = value.replace("'", "''")
+    # MariaDB's and MySQL's string literals take a backslash as an escape (unless NO_BACKSLASH_ESCAPES).
+    return f"'{text.replace(chr(92), chr(92) * 2)}'" if dialect == "mysql" else f"'{text}'"

@@ -35,6 +35,7 @@ from cdc_assets.core.reconcile import (
     BucketSums,
     ComparedColumn,
     Dialect,
+    DriftedRanges,
     KeyDifference,
     KeyRows,
     TableQueries,
@@ -45,6 +46,7 @@ from cdc_assets.core.reconcile import (
     live_rows,
     quote,
 )
+from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
 from cdc_assets.io.signals import MySQLAddress, mysql_address, without_secrets
 
 
@@ -196,12 +198,28 @@ def open_source(kind: str, dsn: str) -> SourceDatabase:
     return PostgresSource(dsn)
 
 
+def recorded_position(target: DeltaTarget, app_id: str, writer: DeltaRsWriter | None = None
+                      ) -> Callable[[], str | None]:
+    """A look-up of the source position the latest batch commit of ``app_id`` recorded in ``target``'s log
+    (``TableProgress.source_position``; None before any, or for a table last written before positions were
+    recorded), through ``writer`` (default a new one): the log's new commits only, never the table's rows."""
+    writer = writer or DeltaRsWriter()  # keeps the table loaded: each look reads only the commits since the last
+
+    def position() -> str | None:
+        progress = writer.read_progress(target, app_id)
+        return progress.source_position if progress is not None else None
+
+    return position
+
+
 class DeltaSide:
     """The Delta table in Spark: its rows that stand for the source's (``core.reconcile.live_rows``) in a
-    temporary view, read again at every query (each sees the table's latest version)."""
+    temporary view, read again at every query (each sees the table's latest version). ``recorded``: the
+    position its commits recorded (``recorded_position``), read before scanning the rows for one."""
 
-    def __init__(self, spark: SparkSession, path: str, mode: ApplyMode):
-        self._spark, self._path, self.mode = spark, path, mode
+    def __init__(self, spark: SparkSession, path: str, mode: ApplyMode,
+                 recorded: Callable[[], str | None] | None = None):
+        self._spark, self._path, self.mode, self._recorded = spark, path, mode, recorded
         self.view = f"rows_match_source_{uuid.uuid4().hex}"
 
     def schema(self) -> T.StructType:
@@ -214,8 +232,12 @@ class DeltaSide:
         return [tuple(row) for row in self._spark.sql(sql).collect()]
 
     def position(self) -> str:
-        """The newest source position of a change the table holds (its apply mode's ``changed_at_column``): a
-        lower bound of what it has applied (an scd1 delete leaves no row to read it from)."""
+        """The greatest source position of a change the table has applied: as its latest batch commit recorded
+        it, else (a table last written before commits recorded it) the newest its rows hold (the apply mode's
+        ``changed_at_column``), a lower bound (an scd1 delete leaves no row to read it from) read by a scan."""
+        recorded = self._recorded() if self._recorded is not None else None
+        if recorded is not None:
+            return recorded
         column = quote(self.mode.changed_at_column, "spark")
         newest = self.query(f"SELECT max({column}) FROM {self.view}")[0][0]
         return str(newest or "")
@@ -256,11 +278,17 @@ class Reconciliation:
     source_s: float = 0.0
     delta_s: float = 0.0
     waited_s: float = 0.0
+    key_columns: tuple[ComparedColumn, ...] = ()
 
     @property
     def passed(self) -> bool:
         """No drift, and no bucket left unsettled."""
         return not self.drifted and not self.unsettled
+
+    def drifted_ranges(self) -> DriftedRanges:
+        """The drifted keys, machine-readable, for a repair (``core.reconcile.DriftedRanges``)."""
+        return DriftedRanges.of(self.buckets, self.key_columns,
+                                [difference for bucket in self.drifted for difference in bucket.differences])
 
 
 Reached = Callable[[str], bool]
@@ -317,10 +345,9 @@ def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns:
         raise ReconcileError(f"{table}: key column(s) {missing_keys} cannot be compared (absent on one side, or of "
                              "a type with no common text)")
     keys: tuple[ComparedColumn, ...] = tuple(by_name[name] for name in key_columns)
-    mine = TableQueries(".".join(quote(part, source.dialect) for part in table.split(".")), keys, tuple(columns),
-                        buckets, source.dialect)
+    mine = TableQueries(_relation(table, source.dialect), keys, tuple(columns), buckets, source.dialect)
     theirs = TableQueries(delta.view, keys, tuple(columns), buckets, "spark", live_rows(delta.mode))
-    result = Reconciliation(buckets, [column.name for column in columns], left_out)
+    result = Reconciliation(buckets, [column.name for column in columns], left_out, key_columns=keys)
 
     with _spent(result, "delta_s"):
         delta_sums = _sums(delta.query(theirs.checksums()))
@@ -360,6 +387,18 @@ def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns:
             drifted.differences.sort(key=lambda d: d.display)
         break
     return result
+
+
+def _relation(table: str, dialect: Dialect) -> str:
+    """``table`` (``schema.table``) quoted for ``dialect``."""
+    return ".".join(quote(part, dialect) for part in table.split("."))
+
+
+def rows_matching(source: SourceDatabase, table: str, condition: str) -> tuple[str, int]:
+    """How many rows of ``table`` (``schema.table``) the SQL predicate ``condition`` selects, with the source
+    position of that look."""
+    position, rows = source.look(f"SELECT count(*) FROM {_relation(table, source.dialect)} WHERE {condition}")
+    return position, int(rows[0][0])
 
 
 def _digest(rows: KeyRows, key: str) -> str | None:

@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
@@ -106,6 +107,8 @@ def _taken(following: Future[Prepared], assumed: TableProgress, table: CapturedT
     if progress is None or (progress.offsets, progress.key_columns, progress.truncated_at) != (
             assumed.offsets, assumed.key_columns, assumed.truncated_at):
         return None
+    if prepared.commit is not None:  # folded before the commit before it recorded the position it carries on
+        prepared = replace(prepared, commit=replace(prepared.commit, source_position=progress.source_position))
     if prepared.layout is None or prepared.samples is None:
         return prepared if schema == prepared.existing else None
     layout = derive_batch_layout(table, prepared.raw, prepared.samples, schema, progress.key_columns)

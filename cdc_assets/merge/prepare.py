@@ -115,11 +115,13 @@ def prepare(spark: SparkSession, source: KafkaSource, writer: BatchWriter, table
     timings = dict(raw.timings)
     if raw.end_offsets == raw.start_offsets:
         return Prepared(raw.without_records(), tombstones, timings, existing=existing)
-    # A batch of tombstones alone carries the table's transaction status on: the next batch reads it back.
+    # A batch of tombstones alone carries the table's transaction status and applied position on: the next batch
+    # reads them back.
     commit = CommitRequest(table.app_id, sum(raw.end_offsets.values()), table.topic, raw.end_offsets,
                            progress.key_columns if progress else (),
                            transactions=progress.transactions if progress else None,
-                           truncated_at=truncated_at(progress))
+                           truncated_at=truncated_at(progress),
+                           source_position=progress.source_position if progress else None)
     if events.num_rows == 0:  # tombstones only: the offsets are committed to an existing table
         return Prepared(raw.without_records(), tombstones, timings, commit if existing is not None else None,
                         existing=existing)

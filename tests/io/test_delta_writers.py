@@ -71,7 +71,7 @@ def test_commit_metadata_is_the_documented_json(spark, writer, tmp_path):
         latest = spark.sql(f"DESCRIBE HISTORY delta.`{target.path}` LIMIT 1").first().asDict()
     assert json.loads(latest["userMetadata"]) == {
         "cdc_assets": {"app_id": "cdc_assets:t", "version": 4, "topic": "t", "offsets": {"2": 4},
-                       "key_columns": []}}
+                       "key_columns": [], "source_position": "01"}}
 
 
 def test_a_writer_sees_the_commits_made_since_it_loaded_the_table(spark, writer, tmp_path):

@@ -3,6 +3,7 @@ project's delta-rs writer merged rows into, in the shape Debezium's values land 
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -195,3 +196,33 @@ def test_scd2_compares_current_versions(postgres: Any, spark: SparkSession, tmp_
         assert not result.passed and result.delta_rows == 31
     finally:
         world.connection.close()
+
+
+def test_drifted_ranges_select_exactly_the_drifted_keys_at_the_source(world: World, spark: SparkSession) -> None:
+    """The drift's machine-readable ranges (the check's ``drifted_ranges`` metadata) give the WHERE a repair's
+    snapshot reads: by keys, exactly the keys missing or different (a composite key, a quote in a text part);
+    by buckets, every row of their buckets; a key in Delta only is in neither (no source row heals it)."""
+    from deltalake import DeltaTable
+
+    from cdc_assets.core.reconcile import DriftedRanges, bucket_of
+
+    table = DeltaTable(world.target.path)
+    table.delete("id IN (5, 6)")
+    table.update(updates={"name": "'by hand'"}, predicate="id = 60")
+    world.merge([{**source_row(900), "region": "eu"}])  # in Delta only
+    ranges = DriftedRanges.from_metadata(json.loads(json.dumps(world.check(spark).drifted_ranges().to_metadata())))
+    assert ranges.extra_keys == 1 and ranges.keys is not None and len(ranges.keys) == 3
+
+    def selected(condition: str | None) -> set[tuple[int, str]]:
+        assert condition is not None
+        rows = world.connection.execute(f"SELECT id, region FROM inventory.items WHERE {condition}").fetchall()
+        return {(int(i), str(region)) for i, region in rows}
+
+    assert selected(ranges.condition("postgresql")) == {(5, "Zürich's"), (6, "eu"), (60, "eu")}
+    by_buckets = ranges.condition("postgresql", fits=lambda condition: "IN ((" not in condition)
+    bucket = bucket_of(ranges.key_columns, ranges.buckets, "postgresql")
+    in_buckets = world.connection.execute(
+        f"SELECT id, region FROM inventory.items WHERE {bucket} IN "
+        f"({', '.join(str(b) for b in ranges.drifted_buckets)})").fetchall()
+    assert selected(by_buckets) == {(int(i), str(r)) for i, r in in_buckets} > {(5, "Zürich's"), (6, "eu")}
+    assert ranges.condition("postgresql", fits=lambda _: False) is None

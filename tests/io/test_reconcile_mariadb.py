@@ -74,3 +74,11 @@ def test_mariadb_equal_tables_pass_and_drift_is_named(mariadb: Any, spark: Spark
     result = check()
     found = {(d.kind, d.display) for bucket in result.drifted for d in bucket.differences}
     assert found == {("missing", "7, b'c"), ("different", "8, a")}, result
+    # The repair's WHERE (``DriftedRanges.condition``) in MariaDB's SQL selects exactly those keys, or their buckets.
+    ranges = result.drifted_ranges()
+    with mariadb.connect(db) as connection, connection.cursor() as cursor:
+        for condition in (ranges.condition("mysql"), ranges.condition("mysql", fits=lambda c: "IN ((" not in c)):
+            cursor.execute(f"SELECT id, code FROM items WHERE {condition}")
+            selected = set(cursor.fetchall())
+            assert selected >= {(7, "b'c"), (8, "a")} and (condition == ranges.condition("mysql")) == (
+                selected == {(7, "b'c"), (8, "a")}), (condition, selected)

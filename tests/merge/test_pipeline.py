@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from deltalake import DeltaTable
 
 from cdc_assets.config import BatchLimits
 from cdc_assets.demo.events import db2_source, encode_key, envelope, postgres_source
@@ -374,6 +375,11 @@ def test_the_next_batch_is_folded_while_one_is_merged_and_commits_stay_in_order(
     versions = [r.outcome.delta_version for r in reports if r.outcome is not None]
     assert versions == list(range(versions[0], versions[0] + len(versions)))
     assert read_rows(spark, writer, pieces) == read_rows(spark, writer, whole)
+    # Each commit carries the greatest source position applied, a batch folded ahead the one committed before it.
+    recorded = [json.loads(entry["userMetadata"])["cdc_assets"].get("source_position")
+                for entry in reversed(DeltaTable(pieces.target.path).history()) if entry.get("userMetadata")]
+    assert len(recorded) == len(versions) and None not in recorded and recorded == sorted(recorded)
+    assert recorded[-1] == writer.read_progress(whole.target, whole.app_id).source_position
 
 
 def test_a_batch_folded_ahead_is_prepared_again_when_the_commit_before_it_changed_the_layout(

@@ -1,21 +1,32 @@
 """What a batch commit records besides its data, in ``commitInfo.userMetadata``, and the one parser of it.
 
 Every commit that applies a batch carries ``{"cdc_assets": {"app_id", "version", "topic", "offsets",
-"key_columns"}}`` (and ``transactions`` / ``truncated_at`` where the table has them): the offsets the next
-batch starts from, and the table's key columns. Every reader of that record (the writers' progress, the
-transaction watermark, a row's history, the benchmarks) goes through ``recorded_commit``.
+"key_columns"}}`` (and ``transactions`` / ``truncated_at`` / ``source_position`` where the table has them): the
+offsets the next batch starts from, the table's key columns, and the greatest source position of a change the
+table has applied (``CommitRequest.applying``: what rows_match_source waits for, read without scanning the
+table). Every reader of that record (the writers' progress, the transaction watermark, a row's history, the
+benchmarks) goes through ``recorded_commit``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, Transaction
 
+from cdc_assets.core.history import CLOSE_AT_COLUMN
+from cdc_assets.core.layout import POSITION_COLUMN, VALID_FROM_COLUMN, VALID_TO_COLUMN
+
 METADATA_KEY = "cdc_assets"
+# The columns of a batch's MERGE rows that hold the source position of a change it applies, in every apply mode:
+# scd1 and soft_delete rows their own position, scd2 versions where they start and end, and its close markers
+# the first change of their key (a key's delete alone in a batch is only there).
+_POSITION_COLUMNS = (POSITION_COLUMN, VALID_FROM_COLUMN, VALID_TO_COLUMN, CLOSE_AT_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,16 @@ class CommitRequest:
     key_columns: tuple[str, ...] = ()
     transactions: Mapping[str, object] | None = None  # transaction-consistent tables: see io.transactions
     truncated_at: str | None = None  # the table's truncation mark (``core.truncation``), carried from commit to commit
+    # The greatest source position of a change the table has applied, carried from commit to commit.
+    source_position: str | None = None
+
+    def applying(self, rows: pa.Table) -> CommitRequest:
+        """This request for a commit that MERGEs ``rows``: its ``source_position`` moved to the greatest
+        position the rows hold, if greater (positions are fixed-width strings, ``core.position``)."""
+        positions = [pc.max(rows[name]).as_py() for name in _POSITION_COLUMNS if name in rows.column_names]
+        newest = max([p for p in positions if p is not None] + ([self.source_position] if self.source_position
+                                                                 else []), default=None)
+        return replace(self, source_position=newest)
 
     def applied_by(self, recorded_version: int | None) -> bool:
         """Whether a table whose app transaction is at ``recorded_version`` already holds this commit:
@@ -44,6 +65,8 @@ class CommitRequest:
             payload["transactions"] = dict(self.transactions)
         if self.truncated_at is not None:
             payload["truncated_at"] = self.truncated_at
+        if self.source_position is not None:
+            payload["source_position"] = self.source_position
         return json.dumps({METADATA_KEY: payload}, sort_keys=True)
 
 
@@ -57,6 +80,7 @@ class TableProgress:
     key_columns: tuple[str, ...] = ()
     transactions: Mapping[str, object] | None = None
     truncated_at: str | None = None
+    source_position: str | None = None  # None: a commit written before the position was recorded
 
 
 def commit_properties(commit: CommitRequest) -> CommitProperties:
@@ -95,5 +119,6 @@ def progress_from_history(history: Sequence[Mapping[str, object]], app_id: str) 
                 key_columns=tuple(recorded.get("key_columns") or ()),
                 transactions=recorded.get("transactions"),
                 truncated_at=recorded.get("truncated_at"),
+                source_position=recorded.get("source_position"),
             )
     return None

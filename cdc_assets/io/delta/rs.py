@@ -78,6 +78,7 @@ class DeltaRsWriter(WriterBase):
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
               commit: CommitRequest, mode: ApplyMode, truncation: Truncation | None = None) -> MergeOutcome:
+        commit = commit.applying(rows)
         table = self._table(target)
         if table is None:
             # mode="ignore": a concurrent run may create the table first.

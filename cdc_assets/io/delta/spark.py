@@ -69,6 +69,7 @@ class DeltaSparkWriter(WriterBase):
 
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
               commit: CommitRequest, mode: ApplyMode, truncation: Truncation | None = None) -> MergeOutcome:
+        commit = commit.applying(rows)
         # Spark infers no schema from an empty table (a first batch whose every event was dead-lettered).
         batch = self._spark.createDataFrame(rows) if rows.num_rows else self._spark.createDataFrame(
             [], from_arrow_schema(rows.schema))
