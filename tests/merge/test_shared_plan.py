@@ -34,7 +34,7 @@ def truncate(lsn: int) -> tuple[None, bytes]:
 def run(spark, broker, writer, tables: dict[str, CapturedTable], shared: bool) -> dict[str, dict]:
     """One run over ``tables`` as the merge op runs them (two at once, ``merge_table``), with or without shared
     plans, committing Kafka offsets for the group ``group(shared)``: each table's materialization metadata."""
-    limits = BatchLimits(max_records=1000, poll_timeout_s=10, shared_plan_max_records=1000 if shared else 0)
+    limits = BatchLimits(max_records=1000, poll_timeout_s=10, shared_plan_max_records=SHARED_MAX if shared else 0)
     settings = {"bootstrap.servers": broker.bootstrap_servers, "group.id": group(shared)}
 
     def merge(key, session, source, table_writer, log, first):
@@ -51,6 +51,10 @@ def run(spark, broker, writer, tables: dict[str, CapturedTable], shared: bool) -
     return metadata
 
 
+# A first batch of more records than this merges alone (``batch.shared_plan_max_records``).
+SHARED_MAX = 20
+
+
 def group(shared: bool) -> str:
     return f"cdc-shared-plan-tests-{'shared' if shared else 'alone'}"
 
@@ -59,6 +63,7 @@ def tables_under(root, topics: dict[str, str]) -> dict[str, CapturedTable]:
     """The tables of the test over ``topics``, their Delta tables under ``root``: one layout (PostgreSQL,
     TOAST_COLUMNS, key id), each with the policy its events need."""
     options = {"truncated": {"on_truncate": "apply"}, "soft": {"apply_mode": "soft_delete"},
+               "history": {"apply_mode": "scd2"},
                "poisoned": {"on_bad_event": "dead_letter", "dead_letter": DeltaTarget(str(root / "dead_letter"))}}
     return {name: replace(captured_table(topic, root / name, columns=TOAST_COLUMNS), **options.get(name, {}))
             for name, topic in topics.items()}
@@ -70,7 +75,9 @@ def shared_batches(metadata: dict) -> int:
 
 
 def test_tables_of_one_layout_fold_in_one_plan_and_end_as_each_alone(spark, broker, writer, tmp_path):
-    names = ["plain", "toast", "keychange", "truncated", "soft", "poisoned"]
+    names = ["plain", "toast", "keychange", "truncated", "soft", "poisoned", "history", "backlog"]
+    # Alone, always: scd2's fold reads the table; a backlog of more than SHARED_MAX records, in the second run.
+    alone_in = {"history": (True, True), "backlog": (False, True)}
     topics = {name: new_topic(broker, f"dbserver1.s.{name}", partitions=1 if name == "truncated" else 2)
               for name in names}
     # Every table has keys 1-3: a fold that mixed tables' keys would mix their rows.
@@ -88,6 +95,8 @@ def test_tables_of_one_layout_fold_in_one_plan_and_end_as_each_alone(spark, brok
         "soft": [*pg_change("d", 1, 20), *pg_change("u", 2, 21, "soft-dos", 20)],
         "poisoned": [*pg_change("u", 1, 20, "poisoned-uno", 10), (b'{"id": 2}', b"{broken"),
                      *pg_change("u", 3, 22, "poisoned-tres", 30)],
+        "history": [*pg_change("u", 1, 20, n=10), *pg_change("d", 3, 21)],
+        "backlog": [record for key in range(4, 5 + SHARED_MAX) for record in pg_change("c", key, 20 + key, "b", key)],
     }
     expected = {
         "plain": {1: ("plain-uno", 10), 3: ("plain-three", 3), 4: ("four", 4)},
@@ -96,6 +105,9 @@ def test_tables_of_one_layout_fold_in_one_plan_and_end_as_each_alone(spark, brok
         "truncated": {5: ("five", 5)},
         "soft": {2: ("soft-dos", 20), 3: ("soft-three", 3)},
         "poisoned": {1: ("poisoned-uno", 10), 2: ("poisoned-two", 2), 3: ("poisoned-tres", 30)},
+        "history": {1: ("history-one", 10), 2: ("history-two", 2)},
+        "backlog": {1: ("backlog-one", 1), 2: ("backlog-two", 2), 3: ("backlog-three", 3),
+                    **{key: ("b", key) for key in range(4, 5 + SHARED_MAX)}},
     }
 
     shared = tables_under(tmp_path / "shared", topics)
@@ -103,14 +115,16 @@ def test_tables_of_one_layout_fold_in_one_plan_and_end_as_each_alone(spark, brok
     for tables, sharing in ((shared, True), (alone, False)):
         metadata = run(spark, broker, writer, tables, sharing)
         assert all(metadata[name]["batches"] == 1 for name in names)
-        assert all(shared_batches(metadata[name]) == sharing for name in names)
+        assert {name: shared_batches(metadata[name]) for name in names} == {
+            name: sharing and not alone_in.get(name, (False, False))[0] for name in names}
     for name, records in second.items():
         produce(broker, topics[name], records)
     for tables, sharing in ((shared, True), (alone, False)):
         metadata = run(spark, broker, writer, tables, sharing)
         # One batch each, folded in the shared plan where it may be (the poisoned table's again, exactly).
         assert all(metadata[name]["batches"] == 1 for name in names)
-        assert all(shared_batches(metadata[name]) == sharing for name in names)
+        assert {name: shared_batches(metadata[name]) for name in names} == {
+            name: sharing and not alone_in.get(name, (False, False))[1] for name in names}
         assert metadata["poisoned"]["dead_lettered_events"] == 1
         assert metadata["truncated"]["events_truncate"] == 1
         assert all(metadata[name]["dead_lettered_events"] == 0 for name in names if name != "poisoned")
