@@ -21,7 +21,9 @@ table's merge.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import logging
 import queue
 import time
@@ -80,61 +82,72 @@ def shares_plan(read: ToFold, limits: BatchLimits) -> bool:
 def first_batches(spark: SparkSession, sources: Sequence[KafkaSource],
                   members: Mapping[K, tuple[CapturedTable, BatchWriter]], limits: BatchLimits) -> dict[K, FirstBatch]:
     """The first batch of each of ``members`` (tables whose ``reads_first``, each with its writer), read with
-    ``sources`` side by side, those that ``shares_plan`` folded in shared plans of one layout each. A table
-    whose read fails gets none: its merge reads it again and reports the error."""
-    reads: dict[K, FirstBatch] = {}
+    ``sources`` side by side, those that ``shares_plan`` folded in shared plans of one layout each.
+
+    A run holds about one batch's records at a time, whatever its tables: each table's first batch is read
+    with at most ``shared_plan_max_records`` records (a table with more gets no first batch: its merge reads
+    its batches alone), at most two reads a source ahead of the plans, and a plan is folded as soon as the
+    next batch of its layout would take it past ``max_records`` records. A table whose read fails gets no
+    first batch either: its merge reads it again and reports the error."""
+    firsts: dict[K, FirstBatch] = {}
+    waiting: list[dict[K, ToFold]] = []  # per layout, the batches of the plan being filled, in the members' order
+    bounded = limits.model_copy(update={"max_records": min(limits.max_records, limits.shared_plan_max_records)})
     idle: queue.SimpleQueue[KafkaSource] = queue.SimpleQueue()
     for source in sources:
         idle.put(source)
 
-    def read(key: K) -> None:
+    def read(key: K) -> FirstBatch | None:
         table, writer = members[key]
         source = idle.get()
         try:
             progress = writer.read_progress(table.target, table.app_id)
             existing = writer.table_schema(table.target)
-            reads[key] = FirstBatch(progress, existing, read_to_fold(source, table, limits, progress, existing))
+            return FirstBatch(progress, existing, read_to_fold(source, table, bounded, progress, existing))
         except Exception:  # read again by the table's merge, which reports it
             _LOG.debug("%s: first batch not read ahead of the merge", table.topic, exc_info=True)
+            return None
         finally:
             idle.put(source)
 
+    def fold(plan: dict[K, ToFold]) -> None:
+        if len(plan) < 2:
+            return  # folded alone by its merge, side by side with the others
+        try:
+            folded = fold_together(spark, [members[key] for key in plan], list(plan.values()))
+        except Exception:  # each folds alone in its merge, which reports what fails
+            _LOG.warning("a shared plan of %d tables failed; they fold alone", len(plan), exc_info=True)
+            return
+        for key, prepared in zip(plan, folded, strict=True):
+            firsts[key] = replace(firsts[key], batch=prepared)
+
+    keys = iter(members)
     with ThreadPoolExecutor(max_workers=max(1, len(sources)), thread_name_prefix="cdc-first-batch") as pool:
-        list(pool.map(read, members))
-    sharing = {key: batch for key in members if key in reads
-               if isinstance(batch := reads[key].batch, ToFold) and shares_plan(batch, limits)}
-    plans: list[list[K]] = []  # per layout, the tables that share its plans, in the members' order
-    for key, batch in sharing.items():
-        plan = next((plan for plan in plans if sharing[plan[0]].layout == batch.layout), None)
-        if plan is None:
-            plans.append([key])
-        else:
-            plan.append(key)
-    for plan in plans:
-        for chunk in _chunks(plan, {key: sharing[key].raw.records_read for key in plan}, limits.max_records):
-            if len(chunk) < 2:
-                continue  # folded alone by its merge, side by side with the others
-            try:
-                folded = fold_together(spark, [members[key] for key in chunk], [sharing[key] for key in chunk])
-            except Exception:  # each folds alone in its merge, which reports what fails
-                _LOG.warning("a shared plan of %d tables failed; they fold alone", len(chunk), exc_info=True)
-                continue
-            for key, prepared in zip(chunk, folded, strict=True):
-                reads[key] = replace(reads[key], batch=prepared)
-    return reads
-
-
-def _chunks(keys: Sequence[K], records: Mapping[K, int], most: int) -> list[list[K]]:
-    """``keys`` in order, in runs of at most ``most`` records (a run of one where a table alone has more)."""
-    chunks: list[list[K]] = []
-    held = 0
-    for key in keys:
-        if not chunks or held + records[key] > most:
-            chunks.append([])
-            held = 0
-        chunks[-1].append(key)
-        held += records[key]
-    return chunks
+        ahead = collections.deque((key, pool.submit(read, key)) for key in itertools.islice(keys, 2 * len(sources)))
+        while ahead:
+            key, reading = ahead.popleft()
+            following = next(keys, None)
+            if following is not None:
+                ahead.append((following, pool.submit(read, following)))
+            first = reading.result()
+            if first is None or (isinstance(first.batch, ToFold) and not shares_plan(first.batch, limits)):
+                continue  # a backlog (or a failed read): its merge reads its batches alone
+            firsts[key] = first
+            batch = first.batch
+            if not isinstance(batch, ToFold):
+                continue  # nothing to fold
+            plan = next((plan for plan in waiting if next(iter(plan.values())).layout == batch.layout), None)
+            if plan is not None and sum(b.raw.records_read for b in plan.values()) + batch.raw.records_read > \
+                    limits.max_records:
+                fold(plan)
+                waiting.remove(plan)
+                plan = None
+            if plan is None:
+                waiting.append({key: batch})
+            else:
+                plan[key] = batch
+    for plan in waiting:
+        fold(plan)
+    return firsts
 
 
 def fold_together(spark: SparkSession, tables: Sequence[tuple[CapturedTable, BatchWriter]], reads: Sequence[ToFold],
