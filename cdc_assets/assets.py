@@ -24,7 +24,6 @@ from pydantic.fields import FieldInfo
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from cdc_assets.api import apply_pending
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.checks import (
     RunReads,
@@ -36,7 +35,7 @@ from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.io.transactions import update_watermark
-from cdc_assets.merge import BatchReport, MergeFailed, merge_concurrently
+from cdc_assets.merge import BatchReport, FirstBatch, MergeFailed, merge_concurrently, merge_micro_batches
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator, dagster_name
 
@@ -180,14 +179,17 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
         checks = selected_check_names(context.selected_asset_check_keys)
         chosen = {key: table for key, table in by_key.items() if key in selected}
 
+        run_limits = limits.model_copy(update={"max_records": config.max_records_per_batch,
+                                               "max_batches_per_run": config.max_batches_per_run})
+
         def merge(key: AssetKey, session: SparkSession, source: KafkaSource, writer: DeltaWriter,
-                  log: Callable[[str], None]) -> MaterializeResult:
-            return merge_table(chosen[key], limits, peers, config, session, source, writer, key, log)
+                  log: Callable[[str], None], first: FirstBatch | None) -> MaterializeResult:
+            return merge_table(chosen[key], run_limits, peers, session, source, writer, key, log, first)
 
         if chosen:
             kafka.check_reachable()  # a wrong address fails here, in a line, before a Spark server starts
         merges = merge_concurrently(chosen, merge, config.concurrent_tables, lambda: spark.spark_session,
-                                    kafka.new_source, delta.writer_for)
+                                    kafka.new_source, delta.writer_for, shared=run_limits)
         reads = RunReads(delta)
         failures: list[tuple[CapturedTable, Exception]] = []
         for key, table in by_key.items():  # in config order, each as soon as its merge (and those before) ended
@@ -227,16 +229,16 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
 
 
 def merge_table(table: CapturedTable, limits: BatchLimits, peers: Mapping[str, DeltaTarget] | None,
-                config: MergeConfig, session: SparkSession, source: KafkaSource, writer: DeltaWriter,
-                key: AssetKey, log: Callable[[str], None]) -> MaterializeResult:
-    """One table's merge in a run, by ``writer``: its pending micro-batches applied, and what they did;
-    ``log`` is told each batch."""
-    batch_limits = limits.model_copy(update={"max_records": config.max_records_per_batch,
-                                             "max_batches_per_run": config.max_batches_per_run})
+                session: SparkSession, source: KafkaSource, writer: DeltaWriter, key: AssetKey,
+                log: Callable[[str], None], first: FirstBatch | None = None) -> MaterializeResult:
+    """One table's merge in a run, by ``writer``, within the run's ``limits``: its pending micro-batches
+    applied, the first one ``first`` where it was read before (``merge.shared``), and what they did; ``log``
+    is told each batch."""
+    reports = []
     # Until caught up, or nothing could be applied (a transaction waits): the next run goes on.
-    reports = apply_pending(table, kafka=source, spark=session, writer=writer, limits=batch_limits,
-                            on_batch=lambda report: log(f"{table.topic}: {report.events_read} events read, "
-                                                        f"offsets {report.offsets_json()}"))
+    for report in merge_micro_batches(session, source, writer, table, limits, first):
+        reports.append(report)
+        log(f"{table.topic}: {report.events_read} events read, offsets {report.offsets_json()}")
     applied = [r for r in reports if r.outcome is not None]
     if applied:
         source.commit_group_offsets(table.topic, applied[-1].raw.end_offsets)

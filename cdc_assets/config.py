@@ -147,6 +147,10 @@ class BatchLimits(_Model):
     concurrent_tables: int = Field(
         default=2, gt=0, description="tables of a connector one run merges at once, each with its own Spark "
         "queries and Delta commits: a small table's merge is mostly fixed costs, which overlap (docs/performance.md)")
+    shared_plan_max_records: int = Field(
+        default=10_000, ge=0, description="a table whose new records, at most this many, fit in its first batch "
+        "of a run is decoded and folded in one Spark query with the run's other such tables of its layout (a "
+        "shared plan: docs/architecture.md); a larger backlog merges alone. 0: every table alone")
 
 
 Automation = Literal["eager", "none"]

@@ -105,9 +105,19 @@ class ApplyMode(ABC):
     # compares it with the DDL's position).
     changed_at_column: ClassVar[str] = POSITION_COLUMN
 
+    # The fold is ``fold_batch`` alone, which a shared plan computes for several tables of one layout at once
+    # (``core.fold.fold_tables``, then ``completed`` per table); False where the fold reads the table.
+    folds_together: ClassVar[bool] = True
+
     def rows(self, decoded: DataFrame, layout: ChangeEventLayout, stored: StoredRows) -> tuple[pa.Table, BatchSummary]:
         """The rows to MERGE from a batch's decoded events, and the batch summary; no placeholder left."""
         rows, summary = self._fold(decoded, layout, stored)
+        return self.completed(rows, summary, decoded, layout, stored)
+
+    def completed(self, rows: pa.Table, summary: BatchSummary, decoded: DataFrame, layout: ChangeEventLayout,
+                  stored: StoredRows) -> tuple[pa.Table, BatchSummary]:
+        """``rows`` folded from a batch's ``decoded`` events made what its MERGE takes: the values the batch
+        left unavailable taken from the table (``keep_unavailable``), and the mode's own columns."""
         ignored_only = [name for name in layout.ignored_nulls if name not in layout.unavailable_tests]
         rows, summary = keep_unavailable(rows, summary, layout.key_columns, stored, self.current_column,
                                          KeyChanges(decoded, layout), ignored_only)
@@ -217,6 +227,7 @@ class Scd2(ApplyMode):
     )
     evolves_schema = False
     folds_ahead = False
+    folds_together = False
     current_column = CURRENT_COLUMN
     changed_at_column = VALID_FROM_COLUMN
 
@@ -278,6 +289,7 @@ class Documents(ApplyMode):
     and merged as ``base`` merges. An update that cannot be applied is a bad event. Its fold reads the table."""
 
     folds_ahead = False
+    folds_together = False
 
     def __init__(self, base: ApplyMode):
         self.base = base

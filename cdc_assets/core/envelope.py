@@ -41,6 +41,8 @@ ERROR_COLUMN = "_cdc_error"
 SNAPSHOT_COLUMN = "_cdc_snapshot"
 PATCH_COLUMN = "_cdc_patch"  # MongoDB only
 TRANSACTION_COLUMN = "_cdc_transaction_id"
+# Which table of a shared plan an event belongs to (its index among the plan's tables; ``merge.shared``).
+TABLE_COLUMN = "_cdc_table"
 # Beside it, the record's key and value as read (base64), so that a dead letter keeps what can be replayed.
 _AS_READ_MEMBER = "__cdc_assets_as_read"
 KNOWN_OPS = ("c", "u", "d", "r", "t")
@@ -211,14 +213,18 @@ def _key_field(key: Column, name: str, data_type: T.DataType) -> Column:
         F.get_json_object(key, f"$['{name}']"))
 
 
-def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataFrame:
+def decode_change_events(records: DataFrame, layout: ChangeEventLayout, tables: bool = False) -> DataFrame:
     """Decode records into one typed row per change event, with ``_cdc_error`` per event.
 
     ``records``: ``partition, offset``, ``key`` (JSON text) and ``value`` parsed as ``value_type(layout)``
-    (null where the value is not a JSON object), as ``io.spark.spark_records`` hands them over.
+    (null where the value is not a JSON object), as ``io.spark.spark_records`` hands them over; with
+    ``tables``, also ``table``: the records of several tables of one layout, each event keeping its
+    table's index as ``_cdc_table``.
     """
     body = envelope_type(layout)
+    carried = [F.col("table").alias(TABLE_COLUMN)] if tables else []
     events = records.select(
+        *carried,
         F.col("partition").alias(PARTITION_COLUMN),
         F.col("offset").alias(OFFSET_COLUMN),
         "key",
@@ -307,6 +313,7 @@ def decode_change_events(records: DataFrame, layout: ChangeEventLayout) -> DataF
     )
     source = env["source"]
     decoded = [
+        *([F.col(TABLE_COLUMN)] if tables else []),
         F.col(PARTITION_COLUMN),
         F.col(OFFSET_COLUMN),
         *[column.alias(name) for name, column in columns.items()],

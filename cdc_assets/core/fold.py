@@ -13,16 +13,26 @@ anything not newer than the row already in Delta.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from cdc_assets.core.arrow import to_arrow
-from cdc_assets.core.envelope import ERROR_COLUMN, OFFSET_COLUMN, PARTITION_COLUMN, SNAPSHOT_COLUMN, TRUNCATE_OP
+from cdc_assets.core.envelope import (
+    ERROR_COLUMN,
+    OFFSET_COLUMN,
+    PARTITION_COLUMN,
+    SNAPSHOT_COLUMN,
+    TABLE_COLUMN,
+    TRUNCATE_OP,
+)
 from cdc_assets.core.key_changes import ORIGIN_COLUMN, key_change_create
 from cdc_assets.core.key_changes import POSITION_FIELD as _AT
 from cdc_assets.core.layout import (
@@ -49,8 +59,9 @@ _FIRST_POSITION = "_first_position"
 STAT_COLUMNS = (*_COUNTS, _N_INCREMENTAL, _N_TRUNCATE, _N_BAD, _MAX_TS, _MAX_INCREMENTAL_TS, _FIRST_POSITION)
 
 
-def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
+def fold_events(events: DataFrame, layout: ChangeEventLayout, by: Sequence[str] = ()) -> DataFrame:
     """Per key: the target columns of the latest good event (null if none) and the key's statistics.
+    ``by``: columns grouped on before the key, and kept first (a shared plan's table: ``fold_tables``).
 
     A column the latest event left unavailable (the placeholder: unchanged) takes the value of the
     key's latest good event that carried one (a delete carries none); where no event of the batch did,
@@ -78,7 +89,7 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
         known = []
     # Only counts and max/max_by here: a collecting aggregate (collect_list) would switch the whole
     # aggregation to Spark's object-hash path, which falls back to sorting after 128 keys.
-    folded = events.groupBy(*layout.key_columns).agg(
+    folded = events.groupBy(*by, *layout.key_columns).agg(
         # max_by ignores null orderings: bad events never win.
         F.max_by(F.struct(*carried, *([UNAVAILABLE_COLUMN] if unavailable else [])),
                  F.when(good & ~truncate, F.col(POSITION_COLUMN))).alias("_latest"),
@@ -109,11 +120,12 @@ def fold_events(events: DataFrame, layout: ChangeEventLayout) -> DataFrame:
         extra.append(remaining.alias(UNAVAILABLE_COLUMN))
         extra.append(F.when(F.size(remaining) > 0, anchor["part"]).alias(ORIGIN_COLUMN))
     return folded.select(
+        *by,
         *layout.key_columns,
         *[column.alias(name) for name, column in values.items()],
         *extra,
         *STAT_COLUMNS,
-    ).select(*target_columns, *([UNAVAILABLE_COLUMN, ORIGIN_COLUMN] if unavailable else []), *STAT_COLUMNS)
+    ).select(*by, *target_columns, *([UNAVAILABLE_COLUMN, ORIGIN_COLUMN] if unavailable else []), *STAT_COLUMNS)
 
 
 @dataclass(frozen=True, order=True)
@@ -187,7 +199,26 @@ def truncate_events(events: DataFrame) -> tuple[TruncateEvent, ...]:
 
 def fold_batch(events: DataFrame, layout: ChangeEventLayout) -> tuple[pa.Table, BatchSummary]:
     """The rows to MERGE (keys with a good event, as Arrow) and the batch summary of decoded ``events``."""
-    folded = to_arrow(fold_events(events, layout))
+    return _summarized(to_arrow(fold_events(events, layout)), events)
+
+
+def fold_tables(events: DataFrame, layout: ChangeEventLayout, tables: int) -> list[tuple[pa.Table, BatchSummary]]:
+    """``fold_batch`` of each table of a shared plan, in one aggregation: decoded ``events`` of ``tables``
+    tables of one layout, each event's table in ``_cdc_table`` (0 to ``tables`` - 1), folded with the table
+    as the key's first column, collected as Arrow once and split per table. Bad events and TRUNCATEs are
+    listed per table, from that table's events, only where the fold counted some."""
+    folded = to_arrow(fold_events(events, layout, by=(TABLE_COLUMN,)))
+    folded = folded.sort_by(TABLE_COLUMN)
+    # Where each table's rows start: the sorted table ids searched for 0..tables.
+    bounds = np.searchsorted(folded[TABLE_COLUMN].to_numpy(), np.arange(tables + 1), side="left")
+    folded = folded.drop_columns([TABLE_COLUMN])
+    return [_summarized(folded.slice(start, end - start), events.where(F.col(TABLE_COLUMN) == index))
+            for index, (start, end) in enumerate(itertools.pairwise(bounds))]
+
+
+def _summarized(folded: pa.Table, events: DataFrame) -> tuple[pa.Table, BatchSummary]:
+    """The rows to MERGE and the batch summary of a batch's ``folded`` keys; ``events``: its decoded events,
+    read again only where the fold counted bad events or TRUNCATEs."""
 
     def total(name: str) -> int:
         return int(pc.sum(folded[name]).as_py() or 0)

@@ -205,7 +205,8 @@ SMALL_BATCH_RECORDS = 1_000
 # core saves less than a task per core and a shuffle cost (most of a small table's Spark time, W2).
 _SPLIT_BYTES = 4 << 20
 # A line as ``_json_lines`` writes it (separator aside), for Java's regex: partition, offset, key literal, value.
-_LINE_PATTERN = r'(?s)^\{"p":(\d+),"o":(\d+),"k":("(?:[^"\\]|\\.)*"|null),"v":(.*)\}$'
+# A shared plan's line also names its table (``"t":..``, after the offset).
+_LINE_PATTERN = r'(?s)^\{"p":(\d+),"o":(\d+),(?:"t":(\d+),)?"k":("(?:[^"\\]|\\.)*"|null),"v":(.*)\}$'
 
 
 @contextlib.contextmanager
@@ -214,6 +215,7 @@ def spark_records(spark: SparkSession, records: pa.Table, value_type: T.StructTy
     """Kafka ``records`` (``partition, offset, key, value``; key and value bytes) as a Spark frame of
     ``partition, offset``, ``key`` as text and ``value`` parsed as JSON of ``value_type`` by Spark's
     JSON reader (null where the value is not a JSON object), readable until the ``with`` block ends.
+    Records with a ``table`` column (int32: several tables' records in one shared plan) keep it.
 
     A local JVM reads the records as JSON text files written to a scratch directory, one per core:
     Spark's JSON file reader parses UTF-8 bytes directly, about twice as fast as ``from_json``,
@@ -241,9 +243,11 @@ def spark_records(spark: SparkSession, records: pa.Table, value_type: T.StructTy
 def parsed_in_spark(spark: SparkSession, records: pa.Table, value_type: T.StructType) -> DataFrame:
     """``spark_records`` for any session: ``createDataFrame`` of the records, then ``from_json``."""
     records = records.set_column(records.schema.get_field_index("value"), "value", without_schemas(records["value"]))
+    table = ["table"] if "table" in records.column_names else []
     frame = spark.createDataFrame(records).select(
-        "partition", "offset", F.col("key").cast("string").alias("key"), F.col("value").cast("string").alias(_TEXT))
-    return _parsed(frame, value_type).select("partition", "offset", "key", F.col(_PARSED).alias("value"))
+        *table, "partition", "offset", F.col("key").cast("string").alias("key"),
+        F.col("value").cast("string").alias(_TEXT))
+    return _parsed(frame, value_type).select(*table, "partition", "offset", "key", F.col(_PARSED).alias("value"))
 
 
 # Each parse is a column of its own that later columns refer to by name: spelt out at every use, as a
@@ -265,7 +269,8 @@ def _parsed(frame: DataFrame, value_type: T.StructType) -> DataFrame:
 def parsed_from_files(spark: SparkSession, records: pa.Table, value_type: T.StructType, scratch: Path,
                       exact: bool = True) -> DataFrame:
     """``spark_records`` for a session on this machine: the records as JSON text files in ``scratch``
-    (which must outlive the frame), one ``{"p":..,"o":..,"k":"key","v":value}`` per record.
+    (which must outlive the frame), one ``{"p":..,"o":..,"k":"key","v":value}`` per record (with
+    ``"t":..`` after the offset where the records have a ``table`` column).
 
     ``exact=False``: no ``from_json`` fallback for lines the reader cannot read, which keep their
     partition and offset but get a null value (and may lose their key). ``from_json`` has no
@@ -274,7 +279,9 @@ def parsed_from_files(spark: SparkSession, records: pa.Table, value_type: T.Stru
     lines = _json_lines(records)
     parts = _cores(spark) if lines.nbytes > _SPLIT_BYTES else 1
     _write_parts(lines, scratch, parts)
+    tables = "table" in records.column_names
     line_type = T.StructType([T.StructField("p", T.IntegerType()), T.StructField("o", T.LongType()),
+                              *([T.StructField("t", T.IntegerType())] if tables else []),
                               T.StructField("k", T.StringType()), T.StructField("v", value_type),
                               T.StructField(_CORRUPT_COLUMN, T.StringType())])
     frame = (spark.read.schema(line_type)
@@ -290,14 +297,15 @@ def parsed_from_files(spark: SparkSession, records: pa.Table, value_type: T.Stru
     def part(group: int) -> Column:
         return F.regexp_extract(F.col(_CORRUPT_COLUMN), _LINE_PATTERN, group)
 
-    located = (F.coalesce("p", part(1).cast("int")).alias("partition"),
+    located = (*([F.coalesce("t", part(3).cast("int")).alias("table")] if tables else []),
+               F.coalesce("p", part(1).cast("int")).alias("partition"),
                F.coalesce("o", part(2).cast("long")).alias("offset"))
     if not exact:
         return frame.select(*located, F.col("k").alias("key"), F.col("v").alias("value"))
-    key_literal = F.from_json(F.concat(F.lit('{"k":'), part(3), F.lit("}")), "k string")["k"]
+    key_literal = F.from_json(F.concat(F.lit('{"k":'), part(4), F.lit("}")), "k string")["k"]
     frame = frame.select(*located, F.coalesce("k", key_literal).alias("key"), "v",
-                         F.when(F.col("v").isNull(), part(4)).alias(_TEXT))
-    return _parsed(frame, value_type).select("partition", "offset", "key",
+                         F.when(F.col("v").isNull(), part(5)).alias(_TEXT))
+    return _parsed(frame, value_type).select(*(["table"] if tables else []), "partition", "offset", "key",
                                              F.coalesce("v", _PARSED).alias("value"))
 
 
@@ -357,7 +365,8 @@ def without_schemas(values: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _json_lines(records: pa.Table) -> pa.ChunkedArray:
-    """One line per record, ``{"p":..,"o":..,"k":"key","v":value}``, each ending in the separator: in
+    """One line per record, ``{"p":..,"o":..,"k":"key","v":value}`` (``"t":..`` after the offset where the
+    records have a ``table`` column), each ending in the separator: in
     the records' chunks, which ``_write_parts`` writes as they are (no copy of the batch into one)."""
     value = _utf8(without_schemas(records["value"]))
     if _has_byte(value, lambda data: data == _SEPARATOR_BYTE):
@@ -366,6 +375,7 @@ def _json_lines(records: pa.Table) -> pa.ChunkedArray:
     number = pa.large_string()
     return pc.binary_join_element_wise(
         _text('{"p":'), records["partition"].cast(number), _text(',"o":'), records["offset"].cast(number),
+        *([_text(',"t":'), records["table"].cast(number)] if "table" in records.column_names else []),
         _text(',"k":'), _json_string(records["key"]), _text(',"v":'), value, _text("}" + RECORD_SEPARATOR), _text(""),
     )
 

@@ -22,13 +22,14 @@ from cdc_assets.core.truncation import truncation_mark
 from cdc_assets.io.delta import BatchWriter, TableProgress
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.merge.apply import apply_batch
-from cdc_assets.merge.prepare import Prepared, batch_truncation, prepare
+from cdc_assets.merge.prepare import Prepared, batch_truncation, fold_read, prepare
 from cdc_assets.merge.read import derive_batch_layout
 from cdc_assets.merge.report import BatchReport
+from cdc_assets.merge.shared import FirstBatch
 
 
 def merge_micro_batches(spark: SparkSession, source: KafkaSource, writer: BatchWriter, table: CapturedTable,
-                        limits: BatchLimits) -> Iterator[BatchReport]:
+                        limits: BatchLimits, first: FirstBatch | None = None) -> Iterator[BatchReport]:
     """Apply ``table``'s new change events to Delta, one bounded micro-batch (one commit) after another,
     each read from the offsets the previous one committed: up to ``limits.max_batches_per_run``
     batches, until one reaches the high watermarks seen at its start or can apply nothing.
@@ -40,6 +41,9 @@ def merge_micro_batches(spark: SparkSession, source: KafkaSource, writer: BatchW
     is read, handed over and folded while batch N is merged, from N's end offsets and the layout
     the table had before N's merge. N+1 is applied only if N's commit left the table where N+1
     assumed; otherwise it is prepared again from what Delta holds.
+
+    ``first``: the first batch, read (and maybe folded in a shared plan) before this merge
+    (``shared.first_batches``); taken if the table is still where it was read from, else read again.
     """
     # The batch being prepared ahead, and the progress it assumes the batch before it commits.
     ahead: tuple[Future[Prepared], TableProgress] | None = None
@@ -51,7 +55,11 @@ def merge_micro_batches(spark: SparkSession, source: KafkaSource, writer: BatchW
                 schema = writer.table_schema(table.target)
                 read_progress_s = time.perf_counter() - started
                 taken = _taken(*ahead, table, progress, schema) if ahead is not None else None
-                ahead = None
+                if first is not None and first.holds_for(progress, schema):
+                    batch = first.batch
+                    taken = batch if isinstance(batch, Prepared) else fold_read(spark, source, writer, table,
+                                                                                limits, batch)
+                ahead, first = None, None
                 prepared = taken or prepare(spark, source, writer, table, limits, progress, schema)
                 prepared.timings["read_progress_s"] = read_progress_s
                 if (_pipelined(table, writer) and prepared.rows is not None and not prepared.raw.caught_up

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import queue
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,15 +18,18 @@ from typing import Generic, TypeVar
 from pyspark.sql import SparkSession
 
 from cdc_assets.catalog import CapturedTable
+from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaWriter
 from cdc_assets.io.kafka import KafkaSource
+from cdc_assets.merge.shared import FirstBatch, first_batches, reads_first
 
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")
 
-# One table's merge: given its key, a Spark session, a Kafka source and a writer of its own, and where its log
-# lines go; its result is the table's ``TableMerge.result``.
-MergeOne = Callable[[K, SparkSession, KafkaSource, DeltaWriter, Callable[[str], None]], R]
+# One table's merge: given its key, a Spark session, a Kafka source and a writer of its own, where its log
+# lines go, and its first batch if it was read before (``shared.first_batches``); its result is the table's
+# ``TableMerge.result``.
+MergeOne = Callable[[K, SparkSession, KafkaSource, DeltaWriter, Callable[[str], None], FirstBatch | None], R]
 
 
 class MergeFailed(Exception):
@@ -52,7 +56,8 @@ class TableMerge(Generic[R]):
 
 def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R], concurrent_tables: int,
                        spark_session: Callable[[], SparkSession], new_source: Callable[[], KafkaSource],
-                       writer_for: Callable[[SparkSession], DeltaWriter]) -> Iterator[TableMerge[R]]:
+                       writer_for: Callable[[SparkSession], DeltaWriter],
+                       shared: BatchLimits | None = None) -> Iterator[TableMerge[R]]:
     """Merge ``tables`` with up to ``concurrent_tables`` at once, each by ``merge``; yields each table's
     ``TableMerge`` in the order given.
 
@@ -61,7 +66,10 @@ def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R],
     parts run (W2, in performance.md's git log). Each worker reads with a Kafka source of its own
     (``new_source``), kept for the tables it merges (a new client per table cost more than a small table's
     read); each table gets a writer of its own (``writer_for``). The tables cut to whole transactions merge
-    one after another in one worker: they share the connector's transaction log and watermark."""
+    one after another in one worker: they share the connector's transaction log and watermark.
+
+    ``shared``: the run's batch limits, to read the tables' first batches before their merges and fold those
+    of one layout in shared plans (``shared.first_batches``; none where ``shared_plan_max_records`` is 0)."""
     if not tables:
         return  # a run of checks alone starts no Spark session
     session = spark_session()  # made once, here: the workers share it
@@ -71,24 +79,41 @@ def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R],
         units.appendleft(transactional)
     merges: dict[K, Future[TableMerge[R]]] = {key: Future() for key in tables}
     stopping = threading.Event()
+    workers = min(concurrent_tables, len(units))
+    sources: queue.SimpleQueue[KafkaSource] = queue.SimpleQueue()
+    opened: list[KafkaSource] = []
+    writers: dict[K, DeltaWriter] = {}
+    firsts: Mapping[K, FirstBatch] = {}
+    try:
+        if shared is not None and shared.shared_plan_max_records > 0:
+            opened = [new_source() for _ in range(workers)]
+            writers = {key: writer_for(session) for key, table in tables.items() if reads_first(table)}
+            firsts = first_batches(session, opened, {key: (tables[key], writer) for key, writer in writers.items()},
+                                   shared)
+    except BaseException:
+        for source in opened:
+            source.close()
+        raise
+    for source in opened:
+        sources.put(source)
 
     def work() -> None:
-        with contextlib.closing(new_source()) as source:
+        source = sources.get() if opened else new_source()
+        with contextlib.closing(source):
             while not stopping.is_set():
                 try:
                     unit = units.popleft()
                 except IndexError:
                     return
                 for key in unit:
-                    writer = writer_for(session)
+                    writer = writers.get(key) or writer_for(session)
                     merged: TableMerge[R] = TableMerge(writer=writer)
                     try:
-                        merged.result = merge(key, session, source, writer, merged.log.append)
+                        merged.result = merge(key, session, source, writer, merged.log.append, firsts.get(key))
                     except Exception as error:
                         merged.error = error
                     merges[key].set_result(merged)
 
-    workers = min(concurrent_tables, len(units))
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cdc-merge")
     running = [pool.submit(work) for _ in range(workers)]
     try:

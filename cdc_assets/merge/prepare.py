@@ -58,14 +58,17 @@ def batch_truncation(table: CapturedTable, summary: BatchSummary | None) -> Trun
 
 
 def fold(writer: BatchWriter, table: CapturedTable, layout: ChangeEventLayout, decoded: DataFrame,
-         progress: TableProgress | None) -> tuple[pa.Table, BatchSummary]:
-    """The rows to MERGE for ``table``'s apply mode, and the batch summary, from decoded events. A table
-    that applies TRUNCATEs drops the events before the latest one (``core.truncation``), folding again
-    only when the batch holds some: the summary still counts every event read."""
+         progress: TableProgress | None, folded: tuple[pa.Table, BatchSummary] | None = None
+         ) -> tuple[pa.Table, BatchSummary]:
+    """The rows to MERGE for ``table``'s apply mode, and the batch summary, from decoded events (``folded``:
+    their ``fold_batch``, computed in a shared plan). A table that applies TRUNCATEs drops the events
+    before the latest one (``core.truncation``), folding again only when the batch holds some: the summary
+    still counts every event read."""
     def stored(keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
         return writer.current_rows(table.target, keys, columns)
 
-    rows, summary = table.mode.rows(decoded, layout, stored)
+    rows, summary = table.mode.rows(decoded, layout, stored) if folded is None else \
+        table.mode.completed(*folded, decoded, layout, stored)
     if table.on_truncate != "apply":
         return rows, summary
     mark = truncation_mark(truncated_at(progress), latest_truncation(summary.truncates))
@@ -93,12 +96,50 @@ def _may_hold_placeholder(layout: ChangeEventLayout, values: pa.ChunkedArray) ->
     return any(needle in data for data in buffers for needle in needles)
 
 
+@dataclass(frozen=True)
+class ToFold:
+    """A batch read and its layout derived, before anything is handed to Spark (``read_to_fold``): what
+    ``fold_read`` folds alone, or a shared plan folds with other tables' batches (``merge.shared``)."""
+
+    raw: RawBatch
+    tombstones: int
+    timings: dict[str, float]
+    commit: CommitRequest
+    events: pa.Table  # the batch's records less its tombstones, every byte kept (dead letters, error messages)
+    handed: pa.Table  # ``events`` as handed to Spark: their values without schemas
+    samples: tuple[list[bytes], list[bytes]]
+    layout: ChangeEventLayout
+    existing: StructType | None
+    progress: TableProgress | None
+
+    @property
+    def read_as(self) -> ChangeEventLayout:
+        """The layout the batch is decoded and folded with: without the placeholder's tests when no value of
+        the batch can hold it."""
+        may_hold = _may_hold_placeholder(self.layout, self.handed["value"])
+        return self.layout if may_hold else replace(self.layout, placeholder=None)
+
+    def prepared(self, rows: pa.Table, summary: BatchSummary, timings: Mapping[str, float]) -> Prepared:
+        """The batch folded into ``rows`` and ``summary``, ready to commit."""
+        return Prepared(self.raw.without_records(), self.tombstones, {**self.timings, **timings}, self.commit,
+                        self.events if summary.bad_events else None, self.samples, self.layout, self.existing,
+                        rows, summary)
+
+
 def prepare(spark: SparkSession, source: KafkaSource, writer: BatchWriter, table: CapturedTable,
             limits: BatchLimits, progress: TableProgress | None, existing: StructType | None,
             until: Mapping[int, int] | None = None) -> Prepared:
     """Read the batch that starts at ``progress`` and fold it, for a table whose Delta schema is
     ``existing``: everything before the commit, nothing written. ``until``: where the batch stops in
     the partitions it names (``whole_transactions``)."""
+    read = read_to_fold(source, table, limits, progress, existing, until)
+    return read if isinstance(read, Prepared) else fold_read(spark, source, writer, table, limits, read, until)
+
+
+def read_to_fold(source: KafkaSource, table: CapturedTable, limits: BatchLimits, progress: TableProgress | None,
+                 existing: StructType | None, until: Mapping[int, int] | None = None) -> Prepared | ToFold:
+    """The first half of ``prepare``: the batch read from Kafka and its layout derived (``ToFold``), or,
+    for a batch with no event to fold (nothing new, tombstones only), what it commits (``Prepared``)."""
     # A primary-key change's old values are found only with its delete in the batch (``core.key_changes``).
     keep = key_change_cut_for(table, existing, progress.key_columns if progress else ())
     raw, tombstones, events = read_batch(source, table, limits, progress.offsets if progress else None, until, keep)
@@ -131,9 +172,17 @@ def prepare(spark: SparkSession, source: KafkaSource, writer: BatchWriter, table
     # Searched and handed over without their schemas (a sixth of the bytes); ``events`` keep every byte for
     # dead letters and error messages.
     handed = events.set_column(events.schema.get_field_index("value"), "value", without_schemas(events["value"]))
-    # Decoded and folded without the placeholder's tests when no value of the batch can hold it.
-    read_as = layout if _may_hold_placeholder(layout, handed["value"]) else replace(layout, placeholder=None)
-    commit = replace(commit, key_columns=layout.key_columns)
+    return ToFold(raw, tombstones, timings, replace(commit, key_columns=layout.key_columns), events, handed,
+                  samples, layout, existing, progress)
+
+
+def fold_read(spark: SparkSession, source: KafkaSource, writer: BatchWriter, table: CapturedTable,
+              limits: BatchLimits, read: ToFold, until: Mapping[int, int] | None = None) -> Prepared:
+    """The second half of ``prepare``: a batch read (``read_to_fold``) handed to Spark, decoded, cut to whole
+    transactions where the table is transaction-consistent, and folded, alone."""
+    raw, commit, progress, existing, handed = read.raw, read.commit, read.progress, read.existing, read.handed
+    timings = dict(read.timings)
+    read_as = read.read_as
     # The local hand-over first reads a batch without its fallback for unreadable lines (less Spark CPU
     # a batch); a batch with any bad event is read again, exactly, so that bad events get the exact
     # verdict. Batches cut to whole transactions are read exactly at once: the cut counts good events.
@@ -152,7 +201,7 @@ def prepare(spark: SparkSession, source: KafkaSource, writer: BatchWriter, table
                 scratch.close()
                 return prepare(spark, source, writer, table, limits, progress, existing, read_again)
             if cut_offsets is None:  # nothing whole yet (an END not ingested): commit nothing, report what waits
-                return Prepared(replace(raw.without_records(), end_offsets=dict(raw.start_offsets)), tombstones,
+                return Prepared(replace(raw.without_records(), end_offsets=dict(raw.start_offsets)), read.tombstones,
                                 timings, existing=existing, transactions=transactions)
             if cut_offsets != raw.end_offsets:
                 # ``events`` keep the records past the cut: bad events are looked up there by coordinates only.
@@ -166,5 +215,5 @@ def prepare(spark: SparkSession, source: KafkaSource, writer: BatchWriter, table
             frame = scratch.enter_context(spark_records(spark, handed, value_type(read_as), exact=True))
             rows, summary = fold(writer, table, read_as, decode_change_events(frame, read_as), progress)
         timings["parse_fold_to_arrow_s"] = time.perf_counter() - mark
-    return Prepared(raw.without_records(), tombstones, timings, commit, events if summary.bad_events else None,
-                    samples, layout, existing, rows, summary, transactions)
+    prepared = replace(read, raw=raw, commit=commit).prepared(rows, summary, timings)
+    return replace(prepared, transactions=transactions)
