@@ -19,8 +19,7 @@ from deltalake import DeltaTable
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from sensors.drift_repair import REPAIR_TAG, STEP_TAG
-from tests.definitions.test_rows_match_source import SlotAdvancer
-from tests.support.reconcile import World, source_row
+from tests.support.reconcile import SlotAdvancer, World, source_row
 from tests.support.topics import new_topic_named, produce
 
 CONFIG = """\

@@ -5,7 +5,6 @@ Delta table by hand."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from deltalake import DeltaTable
 
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
-from tests.support.reconcile import World, source_row
+from tests.support.reconcile import SlotAdvancer, World, source_row
 from tests.support.topics import new_topic_named, produce
 
 CONFIG = """\
@@ -30,32 +29,6 @@ connectors:
     tables: [{{name: inventory.items, key_columns: [id, region], path: "{path}"}}]
     rows_match_source: {{dsn_env: RECONCILE_TEST_DSN, buckets: 16, settle_timeout_s: 120, cron: "0 3 * * *"}}
 """
-
-
-class SlotAdvancer:
-    """The connector's side of a quiet table: a logical slot confirmed up to the current WAL position, again
-    and again, as a running connector (with heartbeats) confirms what it has written to Kafka."""
-
-    def __init__(self, world: World):
-        self._world, self._stop = world, threading.Event()
-        world.connection.execute("SELECT pg_create_logical_replication_slot('rows_match_source', 'pgoutput')")
-        self._thread = threading.Thread(target=self._advance, daemon=True)
-
-    def _advance(self) -> None:
-        import psycopg
-
-        with psycopg.connect(self._world.dsn, autocommit=True) as connection:
-            while not self._stop.wait(0.3):
-                connection.execute("SELECT pg_replication_slot_advance('rows_match_source', pg_current_wal_lsn())")
-
-    def __enter__(self) -> SlotAdvancer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._world.connection.execute("SELECT pg_drop_replication_slot('rows_match_source')")
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ shape Debezium's values land in (``core.types``): what rows_match_source's tests
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import date, datetime, timezone
@@ -118,3 +119,29 @@ class World:
         finally:
             delta.close()
             source.close()
+
+
+class SlotAdvancer:
+    """The connector's side of a quiet table: a logical slot confirmed up to the current WAL position, again
+    and again, as a running connector (with heartbeats) confirms what it has written to Kafka."""
+
+    def __init__(self, world: World):
+        self._world, self._stop = world, threading.Event()
+        world.connection.execute("SELECT pg_create_logical_replication_slot('rows_match_source', 'pgoutput')")
+        self._thread = threading.Thread(target=self._advance, daemon=True)
+
+    def _advance(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self._world.dsn, autocommit=True) as connection:
+            while not self._stop.wait(0.3):
+                connection.execute("SELECT pg_replication_slot_advance('rows_match_source', pg_current_wal_lsn())")
+
+    def __enter__(self) -> SlotAdvancer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._world.connection.execute("SELECT pg_drop_replication_slot('rows_match_source')")
