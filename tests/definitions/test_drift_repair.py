@@ -7,7 +7,6 @@ as done after repair_timeout_s, and the re-check that still fails is not repaire
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,7 @@ from deltalake import DeltaTable
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from sensors.drift_repair import REPAIR_TAG, STEP_TAG
-from tests.support.reconcile import SlotAdvancer, World, source_row
-from tests.support.topics import new_topic_named, produce
+from tests.support.reconcile import SlotAdvancer, World, merged_world, source_row
 
 CONFIG = """\
 kafka: {{bootstrap_servers: "{bootstrap}"}}
@@ -39,16 +37,9 @@ SIGNAL = "signal: {channel: source, table: inventory.debezium_signal, dsn_env: D
 
 @pytest.fixture
 def world(postgres: Any, broker: Any, tmp_path: Path) -> Iterator[World]:
-    prefix = f"repair{uuid.uuid4().hex[:8]}"
-    topic = new_topic_named(broker, f"{prefix}.inventory.items")
-    produce(broker, topic, [(b"k", b"v")])  # the event the first batch below applied: nothing waits
-    world = World(postgres.create_database(f"repair_{prefix}"), tmp_path / "items", topic=topic)
-    world.connection.execute("CREATE TABLE inventory.debezium_signal (id varchar(64) PRIMARY KEY, "
-                             "type varchar(32) NOT NULL, data varchar(2048))")
-    rows = [source_row(i) for i in range(1, 201)]
-    world.insert_source(rows)
-    world.merge(rows)
-    world.prefix = prefix  # type: ignore[attr-defined]
+    world = merged_world(postgres, broker, tmp_path, "repair",
+                         "CREATE TABLE inventory.debezium_signal (id varchar(64) PRIMARY KEY, "
+                         "type varchar(32) NOT NULL, data varchar(2048))")
     yield world
     world.connection.close()
 

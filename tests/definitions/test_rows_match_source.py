@@ -5,7 +5,6 @@ Delta table by hand."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,7 @@ from deltalake import DeltaTable
 
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
-from tests.support.reconcile import SlotAdvancer, World, source_row
-from tests.support.topics import new_topic_named, produce
+from tests.support.reconcile import SlotAdvancer, World, merged_world
 
 CONFIG = """\
 kafka: {{bootstrap_servers: "{bootstrap}"}}
@@ -33,14 +31,7 @@ connectors:
 
 @pytest.fixture
 def world(postgres: Any, broker: Any, tmp_path: Path) -> Iterator[World]:
-    prefix = f"recon{uuid.uuid4().hex[:8]}"
-    topic = new_topic_named(broker, f"{prefix}.inventory.items")
-    produce(broker, topic, [(b"k", b"v")])  # the event the first batch below applied: nothing waits
-    world = World(postgres.create_database(f"reconcile_{prefix}"), tmp_path / "items", topic=topic)
-    rows = [source_row(i) for i in range(1, 201)]
-    world.insert_source(rows)
-    world.merge(rows)
-    world.prefix = prefix  # type: ignore[attr-defined]
+    world = merged_world(postgres, broker, tmp_path, "recon")
     yield world
     world.connection.close()
 

@@ -145,3 +145,22 @@ class SlotAdvancer:
         self._stop.set()
         self._thread.join()
         self._world.connection.execute("SELECT pg_drop_replication_slot('rows_match_source')")
+
+
+def merged_world(postgres: Any, broker: Any, tmp_path: Path, name: str, *setup: str) -> World:
+    """A source table of 200 rows in a fresh database of ``postgres`` (``setup`` statements run first), merged
+    into its Delta table, and a topic of the table's name under a fresh prefix (``world.prefix``) whose one event
+    the merge applied: nothing waits."""
+    from tests.support.topics import new_topic_named, produce
+
+    prefix = f"{name}{uuid.uuid4().hex[:8]}"
+    topic = new_topic_named(broker, f"{prefix}.inventory.items")
+    produce(broker, topic, [(b"k", b"v")])
+    world = World(postgres.create_database(f"{name}_{prefix}"), tmp_path / "items", topic=topic)
+    for statement in setup:
+        world.connection.execute(statement)
+    rows = [source_row(i) for i in range(1, 201)]
+    world.insert_source(rows)
+    world.merge(rows)
+    world.prefix = prefix  # type: ignore[attr-defined]
+    return world
