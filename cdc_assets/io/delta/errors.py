@@ -35,7 +35,7 @@ _SPARK_CONFLICT_PREFIX = "DELTA_CONCURRENT_"
 _SPARK_CONFLICTS = frozenset({"DELTA_METADATA_CHANGED", "DELTA_PROTOCOL_CHANGED"})
 # Spark's and delta-spark's error classes for a path that holds no Delta table (yet).
 _SPARK_MISSING_TABLE = frozenset({"DELTA_MISSING_DELTA_TABLE", "DELTA_NOT_A_DELTA_TABLE", "DELTA_PATH_DOES_NOT_EXIST",
-                                  "DELTA_TABLE_ONLY_OPERATION", "PATH_NOT_FOUND"})
+                                  "DELTA_TABLE_NOT_FOUND", "DELTA_TABLE_ONLY_OPERATION", "PATH_NOT_FOUND"})
 
 
 def spark_condition(exc: BaseException) -> str | None:

@@ -54,9 +54,13 @@ class DeltaSparkWriter(WriterBase):
         return [row.asDict() for row in rows]
 
     def table_schema(self, target: DeltaTarget) -> T.StructType | None:
-        if not self._exists(target):
-            return None
-        return self._spark.read.format("delta").load(spark_path(target.path)).schema
+        # One look, not a look at the history first: each is a Spark query, and every batch asks.
+        try:
+            return self._spark.read.format("delta").load(spark_path(target.path)).schema
+        except Exception as exc:
+            if is_missing_table(exc):
+                return None
+            raise
 
     def read_progress(self, target: DeltaTarget, app_id: str) -> TableProgress | None:
         history = self._history(target, HISTORY_WINDOW)
