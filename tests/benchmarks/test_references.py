@@ -14,13 +14,14 @@ from benchmarks.merge_throughput import checksum, generate, produce
 from cdc_assets.demo.broker import ApacheKafkaBroker
 from cdc_assets.io.spark_server import jvm_environ
 
-BATCH = 5_000
+BATCH = 2_000
 
 
 @pytest.fixture(scope="module")
 def workload(broker: ApacheKafkaBroker) -> tuple[int, dict[int, dict]]:
-    """20,000 events over 2,000 keys in the benchmark's topic (3 partitions): record count and final rows."""
-    records, reference = generate(20_000, 2_000)
+    """6,000 events over 600 keys in the benchmark's topic (3 partitions), three batches: record count and final
+    rows."""
+    records, reference = generate(6_000, 600)
     produce(broker.bootstrap_servers, records, partitions=3)
     return len(records), reference
 
