@@ -1,11 +1,16 @@
-"""Where the suite's time goes, printed after the run: worker time per folder, per module and per xdist worker.
+"""Where the suite's time goes, printed after the run: worker time per folder, per module and per xdist worker,
+and how busy the machine's cores were.
 
 CI's limit is the wall time of the busier worker, so the summary shows each worker's total beside the
-modules' (each test's set-up, call and tear-down, as pytest reports them to the controller)."""
+modules' (each test's set-up, call and tear-down, as pytest reports them to the controller). The cores' use
+says whether another worker could help: with both cores busy, it would only slow the others down."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +23,7 @@ class SuiteTiming:
         self.by_module: dict[str, float] = defaultdict(float)
         self.by_worker: dict[str, float] = defaultdict(float)
         self.tests_by_module: dict[str, set[str]] = defaultdict(set)
+        self.started = (time.monotonic(), _cpu_ticks())
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -42,11 +48,25 @@ class SuiteTiming:
         terminalreporter.section("worker time (set-up + call + tear-down)")
         for worker, seconds in sorted(self.by_worker.items()):
             write(f"worker {worker}: {seconds:8.1f} s")
+        (wall_started, (busy_started, idle_started)), (busy, idle) = self.started, _cpu_ticks()
+        if busy + idle > busy_started + idle_started:
+            share = (busy - busy_started) / (busy + idle - busy_started - idle_started)
+            write(f"cores busy: {share:.0%} of {os.cpu_count()} over {time.monotonic() - wall_started:.0f} s")
         for folder, seconds in sorted(by_folder.items(), key=lambda item: -item[1]):
             write(f"{folder:40s} {tests_by_folder[folder]:4d} tests {seconds:8.1f} s")
         write("slowest modules:")
         for module, seconds in sorted(self.by_module.items(), key=lambda item: -item[1])[:20]:
             write(f"  {module:60s} {len(self.tests_by_module[module]):3d} tests {seconds:8.1f} s")
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """The machine's busy and idle (idle and I/O wait) CPU ticks since boot, from ``/proc/stat``; zeros elsewhere."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + fields[4]
+    return sum(fields[:8]) - idle, idle
 
 
 def register(config: pytest.Config) -> None:
