@@ -197,6 +197,9 @@ class TableConfig(_Model):
     track_history_except_columns: list[str] = Field(
         default_factory=list, description="scd2: the columns whose change alone updates the current version in "
                                           "place (instead of track_history_columns)")
+    rows_match_source: MergeScheduleConfig | None = Field(
+        default=None, description="this table's rows_match_source check on a cron of its own (cron, running, "
+                                  "timezone) instead of its connector's; the other settings are the connector's")
     document_fields: dict[str, str] = Field(
         default_factory=dict, description="MongoDB: top-level field -> Spark SQL type (string, boolean, "
                                           "tinyint, smallint, int, bigint, float, double, decimal(p,s), date, "
@@ -449,6 +452,11 @@ class ConnectorConfig(_Model):
                 raise ValueError(f"connector '{self.name}', table '{table.name}': column choices (include_columns, "
                                  f"exclude_columns, ignore_null_updates, track_history_*) are for columns, and "
                                  f"{self.kind} rows are whole documents")
+            if table.rows_match_source is not None and (self.kind not in DIALECT_OF_KIND
+                                                        or self.source_dsn_env is None):
+                raise ValueError(f"connector '{self.name}', table '{table.name}': a rows_match_source schedule needs "
+                                 "a connector whose rows_match_source can read the source (PostgreSQL, MariaDB or "
+                                 "MySQL, with dsn_env or a signal channel with dsn_env)")
         if self.snapshot_schedules and self.signal is None:
             raise ValueError(f"connector '{self.name}' has snapshot_schedules but no signal channel")
         if self.rows_match_source is not None:

@@ -111,12 +111,13 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     source_ops = [(connector, op) for connector, suffix, group in groups
                   if (op := build_rows_match_source_checks(
                       f"{dagster_name(connector)}_rows_match_source{suffix}", group, translator)) is not None]
-    source_checks: dict[str, list[AssetCheckKey]] = {}  # per connector
+    names = {translator.get_asset_key(table): table.name for table in tables}
+    source_checks: dict[str, dict[str, AssetCheckKey]] = {}  # per connector, by table name
     for connector_name, op in source_ops:
-        source_checks.setdefault(connector_name, []).extend(op.check_keys)
+        source_checks.setdefault(connector_name, {}).update({names[key.asset_key]: key for key in op.check_keys})
     source_jobs = {connector.name: build_rows_match_source_job(connector, source_checks[connector.name])
                    for connector in config.connectors if connector.name in source_checks}
-    left_out = [*scheduled_checks, *(key for keys in source_checks.values() for key in keys)]
+    left_out = [*scheduled_checks, *(key for keys in source_checks.values() for key in keys.values())]
     merge_job = build_merge_job(left_out)
     ui_merge_job = build_merge_job(left_out, UI_MERGE_JOB)  # the job the UI's Materialize runs
     compaction_job = build_compaction_job(config, live)
@@ -149,7 +150,7 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
               build_preflight_job(config), *(build_observe_topics_job(sources) for sources in topic_sources),
               *(job for job, _ in source_jobs.values())],
         schedules=[*build_merge_schedules(config, merge_job, tables, kafka_settings, translator),
-                   *(schedule for _, schedule in source_jobs.values() if schedule is not None),
+                   *(schedule for _, schedules in source_jobs.values() for schedule in schedules),
                    *build_snapshot_schedules(config),
                    build_freshness_schedule(config, freshness_job), build_compaction_schedule(config, compaction_job)],
         sensors=sensors,

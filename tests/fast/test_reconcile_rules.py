@@ -1,10 +1,11 @@
 """rows_match_source without a database: which columns each side compares and how, what counts as a differing
 bucket or key, and the code location's check, job and schedule for a connector that names a source DSN."""
 
-from dagster import AssetKey, DefaultScheduleStatus
+import pytest
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, DefaultScheduleStatus, build_schedule_context
 from pyspark.sql import types as T
 
-from cdc_assets.config import parse_config
+from cdc_assets.config import ConfigError, parse_config
 from cdc_assets.core.apply_modes import apply_mode
 from cdc_assets.core.reconcile import (
     KeyRow,
@@ -80,3 +81,46 @@ connectors:
         assert "inventory_rows_match_source" not in {node.name for node in defs.resolve_job_def(other).nodes}
     schedule = defs.resolve_schedule_def("inventory_rows_match_source_schedule")
     assert schedule.cron_schedule == "0 3 * * *" and schedule.default_status == DefaultScheduleStatus.STOPPED
+
+
+def test_a_table_with_a_cron_of_its_own_leaves_its_connectors_schedule(tmp_path):
+    defs = build_definitions(parse_config(f"""\
+kafka: {{bootstrap_servers: '127.0.0.1:9'}}
+delta: {{root: '{tmp_path}'}}
+connectors:
+  - name: inventory
+    kind: postgresql
+    topic.prefix: dbserver1
+    tables:
+      - {{name: inventory.items}}
+      - {{name: inventory.orders, rows_match_source: {{cron: "*/30 * * * *", running: true}}}}
+    rows_match_source: {{dsn_env: INVENTORY_DSN, cron: "0 3 * * *"}}
+"""))
+    items, orders = (AssetCheckKey(AssetKey(["dbserver1", "inventory", name]), "rows_match_source")
+                     for name in ("items", "orders"))
+    job = defs.resolve_job_def("inventory_rows_match_source_job")
+    for name, cron, status, key in (
+            ("inventory_rows_match_source_schedule", "0 3 * * *", DefaultScheduleStatus.STOPPED, items),
+            ("inventory_inventory_orders_rows_match_source_schedule", "*/30 * * * *", DefaultScheduleStatus.RUNNING,
+             orders)):
+        schedule = defs.resolve_schedule_def(name)
+        assert (schedule.cron_schedule, schedule.default_status, schedule.job_name) == (cron, status, job.name)
+        with DagsterInstance.ephemeral() as instance:
+            [request] = schedule.evaluate_tick(build_schedule_context(instance)).run_requests or []
+        assert request.asset_check_keys == [key]
+        # The run the scheduler makes of the request (the job's subset) holds that check alone.
+        subset = job.get_subset(asset_check_selection=set(request.asset_check_keys))
+        assert subset.asset_layer.asset_graph.asset_check_keys == {key}
+
+
+def test_a_table_schedule_needs_a_connector_that_reads_its_source():
+    with pytest.raises(ConfigError, match=r"table 'dbo\.orders': a rows_match_source schedule needs"):
+        parse_config("""\
+kafka: {bootstrap_servers: '127.0.0.1:9'}
+delta: {root: '/tmp/x'}
+connectors:
+  - name: sales
+    kind: sqlserver
+    topic.prefix: server1
+    tables: [{name: dbo.orders, rows_match_source: {cron: "0 * * * *"}}]
+""")
