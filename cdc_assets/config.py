@@ -326,6 +326,12 @@ class RowsMatchSourceConfig(_Model):
         "how long a check waits for the table to apply the changes that were in flight when it first looked; "
         "a bucket still waiting is reported as unsettled (a warning), never as drift"))
     sample_keys: int = Field(default=5, gt=0, description="keys named per drifted bucket")
+    kafka_connect_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/\S*)?$", description=(
+        "MariaDB/MySQL: the REST API of the Kafka Connect cluster running the connector (Kafka Connect 3.5 or "
+        "later), e.g. http://connect:8083: the binlog position in the connector's committed offsets settles a "
+        "quiet table, which the server alone cannot"))
+    kafka_connect_connector: str | None = Field(default=None, min_length=1, description=(
+        "the connector's name in Kafka Connect (default: this connector's name); with kafka_connect_url only"))
     repair_timeout_s: float = Field(default=3600.0, gt=0, description=(
         "drift_repair_sensor: how long after requesting a repair's snapshot it re-runs the check even if fewer "
         "snapshot reads than the source's matching rows were merged (rows deleted meanwhile, a stopped "
@@ -466,6 +472,13 @@ class ConnectorConfig(_Model):
             if self.source_dsn_env is None:
                 raise ValueError(f"connector '{self.name}': rows_match_source needs dsn_env (or a signal channel "
                                  "with dsn_env)")
+            settings = self.rows_match_source
+            if settings.kafka_connect_url is not None and DIALECT_OF_KIND[self.kind] != "mysql":
+                raise ValueError(f"connector '{self.name}': rows_match_source.kafka_connect_url is for MariaDB and "
+                                 f"MySQL connectors (a {self.kind} source reports how far its connector has read)")
+            if settings.kafka_connect_connector is not None and settings.kafka_connect_url is None:
+                raise ValueError(f"connector '{self.name}': rows_match_source.kafka_connect_connector needs "
+                                 "kafka_connect_url (the Kafka Connect REST API to ask)")
         return self
 
     @property

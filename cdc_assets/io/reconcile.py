@@ -19,7 +19,11 @@ flight (``reconcile``):
 from __future__ import annotations
 
 import contextlib
+import json
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -129,15 +133,58 @@ class PostgresSource:
         self._connection.close()
 
 
+class ConnectOffsets:
+    """How far a MariaDB/MySQL connector has read, from the offsets Kafka Connect has committed for it
+    (``GET /connectors/<name>/offsets``, Kafka Connect 3.5 or later): Connect commits a source offset only once
+    the records up to it are in Kafka, and a Debezium binlog offset's ``file``/``pos`` is where the connector
+    resumes, so every transaction committed before that position is in Kafka."""
+
+    def __init__(self, url: str, connector: str, kind: str, timeout_s: float = 10.0):
+        self.url, self.connector, self.kind, self._timeout_s = url.rstrip("/"), connector, kind, timeout_s
+
+    def position(self) -> str | None:
+        """The binlog position (``core.position``'s form, row 0) of the connector's committed offsets; None
+        before it has committed one, or while its initial snapshot is under way (its rows are not all sent)."""
+        where = f"{self.url}/connectors/{urllib.parse.quote(self.connector, safe='')}/offsets"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(where, headers={"Accept": "application/json"}),
+                                        timeout=self._timeout_s) as response:
+                answer = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            hint = (" (no such connector in that Connect cluster: set rows_match_source.kafka_connect_connector, or "
+                    "the Connect cluster is older than 3.5)" if exc.code in (404, 405) else "")
+            raise ReconcileError(f"Kafka Connect at {self.url} answered GET /connectors/{self.connector}/offsets "
+                                 f"with {exc.code}{hint}: {exc.read().decode(errors='replace')[:300]}") from None
+        except (OSError, ValueError) as exc:
+            raise ReconcileError(f"cannot read the offsets of connector {self.connector} from Kafka Connect at "
+                                 f"{self.url}: {exc}") from None
+        positions = [_binlog_position(entry.get("offset") or {}, self.kind) for entry in answer.get("offsets", [])]
+        if not positions or None in positions:
+            return None
+        return min(position for position in positions if position is not None)
+
+
+def _binlog_position(offset: dict[str, Any], kind: str) -> str | None:
+    """The resume position of one Debezium binlog offset; None for one taken during a snapshot that has not
+    completed, or one without ``file``/``pos``."""
+    snapshotting = str(offset.get("snapshot", "false")).lower() not in ("false", "")
+    if (snapshotting and str(offset.get("snapshot_completed", "false")).lower() != "true") or \
+            "file" not in offset or "pos" not in offset:
+        return None
+    return source_position_of({"file": offset["file"], "pos": offset["pos"], "row": 0}, kind)
+
+
 class MySQLSource:
     """MariaDB or MySQL through PyMySQL: each look a read-only transaction with a consistent snapshot, whose
-    binlog position MariaDB reports as ``binlog_snapshot_file`` / ``binlog_snapshot_position``."""
+    binlog position MariaDB reports as ``binlog_snapshot_file`` / ``binlog_snapshot_position``; ``connector``:
+    the connector's committed offsets in Kafka Connect, if it is known where to ask."""
 
     dialect: Dialect = "mysql"
 
-    def __init__(self, address: MySQLAddress):
+    def __init__(self, address: MySQLAddress, connector: ConnectOffsets | None = None):
         import pymysql
 
+        self._connector = connector
         try:
             self._connection = address.connect()
         except pymysql.err.MySQLError as exc:
@@ -171,7 +218,8 @@ class MySQLSource:
         return position, rows
 
     def confirmed_position(self) -> str | None:
-        return None  # the connector's binlog position is kept in Kafka Connect's offsets, not in the server
+        # The server does not know how far the connector has read: Kafka Connect's offsets do.
+        return self._connector.position() if self._connector is not None else None
 
     def close(self) -> None:
         self._connection.close()
@@ -182,9 +230,10 @@ def _schema_and_name(table: str, default_schema: str | None) -> tuple[str | None
     return schema or default_schema, name
 
 
-def open_source(kind: str, dsn: str) -> SourceDatabase:
+def open_source(kind: str, dsn: str, connector: ConnectOffsets | None = None) -> SourceDatabase:
     """A read-only connection to the source database of a connector of ``kind`` at ``dsn`` (PostgreSQL: a
-    libpq DSN; MariaDB/MySQL: ``mariadb://user:password@host:port/database``)."""
+    libpq DSN; MariaDB/MySQL: ``mariadb://user:password@host:port/database``, with ``connector``'s offsets in
+    Kafka Connect as how far it has read)."""
     dialect = DIALECT_OF_KIND.get(kind)
     if dialect is None:
         raise ReconcileError(f"rows_match_source cannot read a {kind} source (PostgreSQL, MariaDB and MySQL only)")
@@ -192,7 +241,7 @@ def open_source(kind: str, dsn: str) -> SourceDatabase:
     if dialect == "mysql":
         if address is None:
             raise ReconcileError(f"a {kind} source needs a mysql:// or mariadb:// DSN")
-        return MySQLSource(address)
+        return MySQLSource(address, connector)
     if address is not None:
         raise ReconcileError(f"a {kind} source needs a PostgreSQL (libpq) DSN, not a {dsn.split(':')[0]}:// one")
     return PostgresSource(dsn)

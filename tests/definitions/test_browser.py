@@ -233,3 +233,97 @@ def test_the_components_assets_and_automation_in_the_ui(tmp_path):
         finally:
             page.screenshot(path=str(ARTIFACTS / "last_page.png"))
             browser.close()
+
+
+RMS_PIPELINE = """\
+kafka: {{bootstrap_servers: "{bootstrap}"}}
+delta: {{root: "{root}", writer: delta-rs}}
+freshness_schedule: {{running: false}}
+connectors:
+  - name: shop
+    kind: postgresql
+    topic.prefix: {prefix}
+    tables: [{{name: inventory.items, key_columns: [id, region], path: "{path}"}}]
+    rows_match_source: {{dsn_env: UI_RMS_DSN, buckets: 16, settle_timeout_s: 120}}
+"""
+
+
+def test_the_rows_match_source_check_with_its_metadata_in_the_ui(broker, postgres, spark, tmp_path, monkeypatch):
+    """A rows_match_source evaluation that found drift (a PostgreSQL table and its Delta table, a row deleted from
+    and one changed in Delta by hand), as `dagster-webserver` shows it on the table's Checks tab: what drifted,
+    per bucket, with the positions and seconds. The screenshot lands in docs/images/."""
+    from dagster import DagsterInstance
+    from deltalake import DeltaTable
+    from playwright.sync_api import sync_playwright
+
+    from cdc_assets.config import load_config
+    from cdc_assets.definitions import build_definitions
+    from tests.support.reconcile import SlotAdvancer, merged_world
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Chromium is not installed (scripts/setup-tests installs Debian's chromium)")
+    world = merged_world(postgres, broker, tmp_path, "ui")
+    prefix = world.prefix  # type: ignore[attr-defined]
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("nux:\n  enabled: false\ntelemetry:\n  enabled: false\n")
+    (home / "pipeline.yaml").write_text(RMS_PIPELINE.format(bootstrap=broker.bootstrap_servers, root=tmp_path,
+                                                            prefix=prefix, path=world.target.path))
+    for name, value in {"DAGSTER_HOME": str(home), "CDC_ASSETS_CONFIG": str(home / "pipeline.yaml"),
+                        "UI_RMS_DSN": world.dsn}.items():
+        monkeypatch.setenv(name, value)
+    table = DeltaTable(world.target.path)  # behind the pipeline's back
+    table.delete("id = 5")
+    table.update(updates={"name": "'by hand'"}, predicate="id = 17")
+    with SlotAdvancer(world), DagsterInstance.get() as instance:
+        checked = build_definitions(load_config()).resolve_job_def("shop_rows_match_source_job") \
+            .execute_in_process(instance=instance)
+    [failed] = checked.get_asset_check_evaluations()
+    assert not failed.passed and "1 key(s) missing, 0 extra, 1 with different values" in str(failed.description), \
+        failed.description
+    world.connection.close()
+
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    web = subprocess.Popen(["dagster-webserver", "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
+                           cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+            page = browser.new_page(viewport={"width": 1600, "height": 1200})
+            try:
+                skip = page.get_by_role("button", name="Skip")  # Dagster's "Join the community" dialog
+                page.add_locator_handler(skip, lambda: skip.click())
+                deadline = time.monotonic() + 180
+                while True:  # the webserver loads the code location
+                    assert web.poll() is None, f"dagster-webserver exited ({web.returncode})"
+                    try:
+                        page.goto(f"http://127.0.0.1:{port}/assets/{prefix}/inventory/items?view=checks")
+                        page.get_by_text("rows_match_source", exact=True).first.wait_for(timeout=20_000)
+                        break
+                    except Exception:
+                        assert time.monotonic() < deadline, "the UI did not show the table's checks"
+                        time.sleep(2)
+                page.get_by_text("rows_match_source", exact=True).first.click()
+                page.get_by_text("drifted_buckets").first.wait_for(timeout=60_000)
+                page.wait_for_timeout(1000)
+                page.screenshot(path=str(IMAGES / "rows_match_source_check.png"), full_page=True)
+                shown = page.locator("body").inner_text()
+                for entry in ("source_position", "differing_at_first_look", "drifted_ranges", "waited_s"):
+                    assert entry in shown, shown[-3000:]
+                # The drifted buckets' JSON names the keys, each with what differs.
+                page.locator("tr", has_text="drifted_buckets").get_by_text("[Show JSON]").click()
+                page.get_by_text("missing: 5", exact=False).first.wait_for(timeout=30_000)
+                assert "different: 17" in page.locator("body").inner_text()
+            finally:
+                page.screenshot(path=str(ARTIFACTS / "last_page.png"))
+                browser.close()
+    finally:
+        os.killpg(web.pid, signal.SIGTERM)
+        try:
+            web.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(web.pid, signal.SIGKILL)

@@ -7,6 +7,7 @@ workspace.yaml."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -19,14 +20,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 from dagster._core.scheduler.instigation import InstigatorState, InstigatorTick, InstigatorType, TickStatus
 from dagster._daemon.asset_daemon import asset_daemon_cursor_from_instigator_serialized_cursor
 from deltalake import DeltaTable
 
+from cdc_assets.config import load_config
+from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
+from sensors.drift_repair import REPAIR_TAG, STEP_TAG
 from tests.support.docs import doc_blocks
 from tests.support.postgres import PostgresServer
+from tests.support.reconcile import SlotAdvancer, merged_world, source_row
 from tests.support.topics import new_topic_named, produce
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,29 +122,34 @@ class Daemon:
         return path.read_text(errors="replace")[-6000:] if path.exists() else "(no log)"
 
 
-@pytest.fixture
-def deployment(broker, postgres: PostgresServer, spark, tmp_path: Path,
-               monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[DagsterInstance, Daemon, str]]:
-    """A fresh DAGSTER_HOME holding the deployment example's dagster.yaml as it is, its PostgreSQL database,
-    a pipeline of three tables on new topics, and a (not yet started) daemon; yields the instance, the daemon
-    and the topic prefix."""
-    prefix = f"daemon{uuid.uuid4().hex[:8]}"
-    for name in ("busy", "quiet", "calm"):
-        new_topic_named(broker, f"{prefix}.s.{name}")
-    home = tmp_path / "dagster_home"
+def deploy(postgres: PostgresServer, home: Path, pipeline: str, monkeypatch: pytest.MonkeyPatch) -> Daemon:
+    """A fresh DAGSTER_HOME ``home`` holding the deployment example's dagster.yaml as it is, its PostgreSQL
+    database and ``pipeline`` (the config's text); the environment points at them (the instance is then
+    ``DagsterInstance.get()``). Returns the (not yet started) daemon, run with the environment as it is now."""
     home.mkdir()
     shutil.copy(EXAMPLE, home / "dagster.yaml")
     (home / "workspace.yaml").write_text(WORKSPACE)
-    pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(PIPELINE.format(bootstrap=broker.bootstrap_servers, root=tmp_path / "lake", prefix=prefix))
+    (home / "pipeline.yaml").write_text(pipeline)
     database = postgres.create_database(f"dagster_{uuid.uuid4().hex[:8]}")
     settings = dict(part.split("=", 1) for part in database.split())
     url = (f"postgresql+psycopg2://{settings['user']}@{settings['host']}:{settings['port']}/{settings['dbname']}")
     for name, value in {"DAGSTER_HOME": str(home), "DAGSTER_POSTGRES_URL": url,
-                        "CDC_ASSETS_CONFIG": str(pipeline)}.items():
+                        "CDC_ASSETS_CONFIG": str(home / "pipeline.yaml")}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")  # the venv's CLIs
-    daemon = Daemon(home, dict(os.environ), next(line for line in COMMANDS if line.startswith("dagster-daemon ")))
+    return Daemon(home, dict(os.environ), next(line for line in COMMANDS if line.startswith("dagster-daemon ")))
+
+
+@pytest.fixture
+def deployment(broker, postgres: PostgresServer, spark, tmp_path: Path,
+               monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[DagsterInstance, Daemon, str]]:
+    """``deploy`` with a pipeline of three tables on new topics; yields the instance, the daemon and the topic
+    prefix."""
+    prefix = f"daemon{uuid.uuid4().hex[:8]}"
+    for name in ("busy", "quiet", "calm"):
+        new_topic_named(broker, f"{prefix}.s.{name}")
+    daemon = deploy(postgres, tmp_path / "dagster_home", PIPELINE.format(
+        bootstrap=broker.bootstrap_servers, root=tmp_path / "lake", prefix=prefix), monkeypatch)
     with DagsterInstance.get() as instance:
         try:
             yield instance, daemon, prefix
@@ -157,9 +167,9 @@ def start_sensor(instance: DagsterInstance, daemon: Daemon, name: str) -> None:
 
 
 def sensor_states(instance: DagsterInstance) -> dict[str, InstigatorState]:
-    """The stored state of each of ``SENSORS``, by name."""
+    """The stored state of each sensor, by name."""
     return {state.instigator_name: state for state in instance.all_instigator_state(
-        instigator_type=InstigatorType.SENSOR) if state.instigator_name in SENSORS}
+        instigator_type=InstigatorType.SENSOR)}
 
 
 def ticks_since(instance: DagsterInstance, name: str, after: float) -> list[InstigatorTick]:
@@ -250,3 +260,64 @@ def test_the_daemon_merges_a_table_on_new_events_alone_and_resumes_after_a_resta
     assert len(merge_runs(instance)) == 2  # exactly one run for the new events
     assert delta_ids(instance, busy) == [1, 2, 3, 4, 5]
     assert instance.get_latest_materialization_event(quiet) is None
+
+
+DRIFT_PIPELINE = """\
+kafka: {{bootstrap_servers: "{bootstrap}"}}
+delta: {{root: "{root}", writer: delta-rs}}
+freshness_schedule: {{running: false}}
+connectors:
+  - name: shop
+    kind: postgresql
+    topic.prefix: {prefix}
+    signal: {{channel: source, table: inventory.debezium_signal, dsn_env: {dsn_env}}}
+    tables: [{{name: inventory.items, key_columns: [id, region], path: "{path}"}}]
+    rows_match_source: {{buckets: 16, settle_timeout_s: 120}}
+"""
+
+
+def test_the_daemon_runs_the_drift_repair_sensor_which_requests_the_targeted_snapshot(
+        broker, postgres: PostgresServer, spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """drift_repair_sensor under dagster-daemon, started as docs/operations.md says: a failed rows_match_source
+    evaluation in the instance becomes one incremental_snapshot_job run, launched by the daemon, whose signal
+    selects the drifted key alone in the source's signal table. (tests/conformance/test_drift_repair_real.py
+    follows a repair to its end with Debezium; here, that the daemon ticks the sensor and launches its run.)"""
+    command = "dagster sensor start drift_repair_sensor -w workspace.yaml"
+    assert f"`{command}`" in (ROOT / "docs" / "operations.md").read_text()
+    world = merged_world(postgres, broker, tmp_path, "daemonrepair",
+                         "CREATE TABLE inventory.debezium_signal (id varchar(64) PRIMARY KEY, "
+                         "type varchar(32) NOT NULL, data varchar(2048))")
+    monkeypatch.setenv("DAEMON_REPAIR_DSN", world.dsn)
+    prefix = world.prefix  # type: ignore[attr-defined]
+    daemon = deploy(postgres, tmp_path / "dagster_home", DRIFT_PIPELINE.format(
+        bootstrap=broker.bootstrap_servers, root=tmp_path, prefix=prefix, dsn_env="DAEMON_REPAIR_DSN",
+        path=world.target.path), monkeypatch)
+    DeltaTable(world.target.path).update(updates={"name": "'by hand'"}, predicate="id = 17")  # the drift
+    with DagsterInstance.get() as instance, SlotAdvancer(world):
+        try:
+            # The check, failed, in the deployment's instance (as a run the UI or its schedule launched).
+            checked = build_definitions(load_config()).resolve_job_def("shop_rows_match_source_job") \
+                .execute_in_process(instance=instance)
+            [failed] = checked.get_asset_check_evaluations()
+            assert not failed.passed and "drifted_ranges" in failed.metadata, failed.description
+
+            result = subprocess.run(shlex.split(command), cwd=daemon.home, env=daemon.env, capture_output=True,
+                                    text=True, timeout=120)
+            assert result.returncode == 0, result.stderr
+            daemon.start()
+            snapshot_runs = RunsFilter(job_name="incremental_snapshot_job", statuses=list(DONE))
+            wait_for("the repair's snapshot run, finished", lambda: instance.get_runs(snapshot_runs), 180, daemon)
+            [run] = instance.get_runs(snapshot_runs)
+            assert run.status == DagsterRunStatus.SUCCESS, daemon.log()
+            check = AssetCheckKey(AssetKey([prefix, "inventory", "items"]), "rows_match_source")
+            assert run.tags[STEP_TAG] == "snapshot" and run.tags[REPAIR_TAG].startswith(
+                f"{check.to_user_string()}:"), run.tags
+            [(data,)] = world.connection.execute(
+                "SELECT data FROM inventory.debezium_signal WHERE type = 'execute-snapshot'").fetchall()
+            [condition] = json.loads(data)["additional-conditions"]
+            selected = world.connection.execute(
+                f"SELECT id, region FROM inventory.items WHERE {condition['filter']}").fetchall()
+            assert selected == [(17, source_row(17)["region"])], condition  # the drifted key alone
+        finally:
+            daemon.stop()
+    world.connection.close()

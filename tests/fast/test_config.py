@@ -223,3 +223,15 @@ connectors:
     assert connector.source_dsn_env == "SIGNAL_DSN" and connector.rows_match_source is None
     [connector] = parse_config(signalled + "    rows_match_source: {dsn_env: READONLY_DSN}\n").connectors
     assert connector.source_dsn_env == "READONLY_DSN"
+    # Kafka Connect's offsets: for the MySQL family, an http(s) URL, and a connector name only beside a URL.
+    with pytest.raises(ConfigError, match="kafka_connect_url is for MariaDB and MySQL connectors"):
+        parse_config(signalled + "    rows_match_source: {kafka_connect_url: 'http://connect:8083'}\n")
+    maria = base.replace("KIND", "mariadb")
+    with pytest.raises(ConfigError, match="kafka_connect_url"):
+        parse_config(maria + "    rows_match_source: {dsn_env: X, kafka_connect_url: 'connect:8083'}\n")
+    with pytest.raises(ConfigError, match="kafka_connect_connector needs kafka_connect_url"):
+        parse_config(maria + "    rows_match_source: {dsn_env: X, kafka_connect_connector: shop}\n")
+    [connector] = parse_config(maria + "    rows_match_source: {dsn_env: X, kafka_connect_url: "
+                               "'https://connect.example:8083/', kafka_connect_connector: shop}\n").connectors
+    assert connector.rows_match_source is not None
+    assert connector.rows_match_source.kafka_connect_url == "https://connect.example:8083/"

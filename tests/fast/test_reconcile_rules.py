@@ -124,3 +124,15 @@ connectors:
     topic.prefix: server1
     tables: [{name: dbo.orders, rows_match_source: {cron: "0 * * * *"}}]
 """)
+
+
+def test_a_binlog_offset_of_kafka_connect_as_a_position_none_while_its_snapshot_runs():
+    from cdc_assets.io.reconcile import _binlog_position
+
+    streaming = {"file": "mariadb-bin.000002", "pos": 4711, "row": 1, "event": 2, "gtids": "0-1-40", "ts_sec": 1}
+    later_file = {"file": "mariadb-bin.000010", "pos": 4, "ts_sec": 1}
+    assert _binlog_position(streaming, "mariadb") == _binlog_position({**streaming, "row": 0}, "mariadb")
+    assert _binlog_position(later_file, "mariadb") > _binlog_position(streaming, "mariadb")  # type: ignore[operator]
+    assert _binlog_position({**streaming, "snapshot": "true"}, "mariadb") is None  # its rows are not all sent
+    assert _binlog_position({**streaming, "snapshot": True, "snapshot_completed": True}, "mariadb") is not None
+    assert _binlog_position({"ts_sec": 1}, "mariadb") is None

@@ -1,6 +1,7 @@
 """The code location tests/definitions/test_daemon.py runs under ``dagster-daemon``: the project's definitions for the
-pipeline config ``CDC_ASSETS_CONFIG`` names, with the events-waiting sensor and the automation condition
-sensor ticking every few seconds instead of their production 60 s and 30 s (nothing else changed)."""
+pipeline config ``CDC_ASSETS_CONFIG`` names, with the events-waiting sensor, the drift repair sensor and the
+automation condition sensor ticking every few seconds instead of their production 60 s and 30 s (nothing else
+changed)."""
 
 from dagster import AssetSelection, AutomationConditionSensorDefinition, Definitions, SensorDefinition
 
@@ -11,14 +12,16 @@ TEST_INTERVAL_S = 5  # the sensor daemon's loop: no tick comes sooner anyway
 
 def faster(sensor: SensorDefinition) -> SensorDefinition:
     """``sensor`` evaluating the same function every ``TEST_INTERVAL_S`` seconds."""
-    if sensor.name != "events_waiting_sensor":
+    if sensor.name not in ("events_waiting_sensor", "drift_repair_sensor"):
         return sensor
     return SensorDefinition(name=sensor.name, evaluation_fn=sensor._raw_fn, description=sensor.description,
-                            minimum_interval_seconds=TEST_INTERVAL_S)
+                            minimum_interval_seconds=TEST_INTERVAL_S,
+                            jobs=sensor.jobs if sensor.has_jobs else None)
 
 
 def with_faster_sensors(project: Definitions) -> Definitions:
-    """``project`` with its events-waiting sensor and its automation condition sensor ``faster``."""
+    """``project`` with its events-waiting and drift repair sensors and its automation condition sensor
+    ``faster``."""
     # Named as Dagster names the sensor it adds by itself, so the test turns on the sensor a user turns on.
     automation = AutomationConditionSensorDefinition("default_automation_condition_sensor",
                                                      target=AssetSelection.all(),
