@@ -36,6 +36,7 @@ from cdc_assets.io.delta import DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.merge import BatchReport, FirstBatch, MergeFailed, merge_concurrently, merge_micro_batches
+from cdc_assets.merge.quiet import CaughtUp
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator, dagster_name
 
@@ -131,6 +132,22 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
     return metadata
 
 
+def caught_up_metadata(table: CapturedTable, caught_up: CaughtUp) -> dict[str, Any]:
+    """Materialization metadata of a table with nothing new in a run (``merge.quiet``): no batch, no event
+    read, offsets where its latest commit left them (its topic's end), caught up; and its column schema."""
+    offsets = {str(p): {"from": o, "to": o, "high_watermark": o} for p, o in sorted(caught_up.progress.offsets.items())}
+    metadata: dict[str, Any] = {
+        "batches": 0, "events_read": 0, "tombstones_skipped": 0, "dead_lettered_events": 0,
+        "offsets": MetadataValue.json(offsets),
+        "caught_up": True,
+        "delta_path": MetadataValue.path(table.target.path),
+    }
+    schema = column_schema(caught_up.schema)
+    if schema is not None:
+        metadata["dagster/column_schema"] = schema
+    return metadata
+
+
 def column_schema(schema: StructType | None) -> TableSchema | None:
     """A Delta schema as Dagster column metadata."""
     if schema is None:
@@ -186,16 +203,25 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                   log: Callable[[str], None], first: FirstBatch | None) -> MaterializeResult:
             return merge_table(chosen[key], run_limits, peers, session, source, writer, key, log, first)
 
+        ends = None
         if chosen:
             kafka.check_reachable()  # a wrong address fails here, in a line, before a Spark server starts
+            ends = kafka.end_offsets(table.topic for table in chosen.values())  # tells the tables with nothing new
         merges = merge_concurrently(chosen, merge, config.concurrent_tables, lambda: spark.spark_session,
-                                    kafka.new_source, delta.writer_for, shared=run_limits)
+                                    kafka.new_source, delta.writer_for, shared=run_limits, ends=ends)
         reads = RunReads(delta)
         failures: list[tuple[CapturedTable, Exception]] = []
+        caught_up: list[str] = []
         for key, table in by_key.items():  # in config order, each as soon as its merge (and those before) ended
             materialized, merged_by = None, None
             if key in chosen:
                 merged = next(merges)
+                if merged.caught_up is not None:
+                    # Nothing new: materialized as caught up; its checks are not evaluated again on a table this
+                    # run did not change (Dagster shows them skipped), nor are its merge's reads made.
+                    caught_up.append(table.name)
+                    yield MaterializeResult(asset_key=key, metadata=caught_up_metadata(table, merged.caught_up))
+                    continue
                 if len(merged.log) > 1:  # a line per batch; one batch's is its materialization's metadata
                     for line in merged.log:
                         context.log.info(line)
@@ -211,6 +237,10 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                 # yielded (else every run logs "did not yield or return expected outputs").
                 yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
                                                  materialized, merged_by)
+        if caught_up:
+            context.log.info(f"{len(caught_up)} of {len(chosen)} tables had nothing new (their latest commits "
+                             "recorded their topics' end offsets): materialized as caught up, with no merge and no "
+                             f"check evaluated: {', '.join(caught_up)}")
         if len(failures) == 1:
             raise failures[0][1]
         if failures:

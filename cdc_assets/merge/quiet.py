@@ -1,0 +1,61 @@
+"""Tables with nothing new: a table whose latest batch commit recorded the offsets its topic ends at now
+(``caught_up``, the rule's one place). A run tells them apart before it reads anything else of theirs
+(``caught_up_tables``): from one look at every topic's end offsets (the caller's) and one at each table's Delta
+log, its newest commit. A caught-up table then costs no Spark query, no Kafka read, no shared-plan read and no
+second look at its log; a table with something new is merged by the writer that looked (its log not loaded
+again).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from pyspark.sql.types import StructType
+
+from cdc_assets.catalog import CapturedTable
+from cdc_assets.io.delta import DeltaRsWriter, TableProgress
+
+K = TypeVar("K", bound=Hashable)
+
+_LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CaughtUp:
+    """A table with nothing new in a run: what its latest batch commit recorded (its topic's end offsets now),
+    and the table's schema, read with it."""
+
+    progress: TableProgress
+    schema: StructType | None
+
+
+def caught_up(progress: TableProgress | None, ends: Mapping[int, int] | None) -> bool:
+    """Whether a table whose latest batch commit recorded ``progress`` has nothing new in its topic, whose
+    partitions end at ``ends`` now (None: no such topic): the commit recorded exactly those offsets, for every
+    partition. A partition the commit does not name (added since) makes the table's merge look."""
+    return progress is not None and ends is not None and progress.offsets == dict(ends)
+
+
+def caught_up_tables(tables: Mapping[K, CapturedTable], logs: Mapping[K, DeltaRsWriter],
+                     ends: Mapping[str, Mapping[int, int]], workers: int) -> dict[K, CaughtUp]:
+    """The ``tables`` that are ``caught_up`` with their topics' ``ends``, each read by its writer in ``logs``
+    (the Delta log alone, no Spark), ``workers`` tables at a time. A table whose log cannot be read here is not
+    among them: its merge reads it and reports what fails."""
+
+    def look(key: K) -> CaughtUp | None:
+        table = tables[key]
+        try:
+            progress, schema = logs[key].read_current(table.target, table.app_id)
+        except Exception:  # read again by the table's merge, which reports it
+            _LOG.debug("%s: Delta log not read ahead of the merge", table.topic, exc_info=True)
+            return None
+        return CaughtUp(progress, schema) if progress is not None and caught_up(progress, ends.get(table.topic)) \
+            else None
+
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="cdc-caught-up") as pool:
+        looked = dict(zip(tables, pool.map(look, tables), strict=True))
+    return {key: found for key, found in looked.items() if found is not None}
