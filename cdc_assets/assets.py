@@ -36,7 +36,7 @@ from cdc_assets.io.delta import DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.merge import BatchReport, FirstBatch, MergeFailed, merge_concurrently, merge_micro_batches
-from cdc_assets.merge.quiet import CaughtUp
+from cdc_assets.merge.quiet import TableState
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator, dagster_name
 
@@ -132,9 +132,10 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
     return metadata
 
 
-def caught_up_metadata(table: CapturedTable, caught_up: CaughtUp) -> dict[str, Any]:
+def caught_up_metadata(table: CapturedTable, caught_up: TableState) -> dict[str, Any]:
     """Materialization metadata of a table with nothing new in a run (``merge.quiet``): no batch, no event
     read, offsets where its latest commit left them (its topic's end), caught up; and its column schema."""
+    assert caught_up.progress is not None  # caught up: its latest batch commit recorded its topic's end
     offsets = {str(p): {"from": o, "to": o, "high_watermark": o} for p, o in sorted(caught_up.progress.offsets.items())}
     metadata: dict[str, Any] = {
         "batches": 0, "events_read": 0, "tombstones_skipped": 0, "dead_lettered_events": 0,
@@ -170,7 +171,8 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
     (``name``, default ``<connector>_merge``): a run merges the selected tables, ``concurrent_tables`` at once
     (``merge_concurrently``), each MERGEing its new change events into Delta one micro-batch (one commit) at a
     time, up to ``max_batches_per_run``, and then evaluates each table's checks (``merge_check_specs``), in
-    config order. The run config (``MergeConfig``) sets those limits, ``limits`` by default.
+    config order; a table with nothing new (``merge.quiet``) is materialized as caught up, its checks not
+    evaluated. The run config (``MergeConfig``) sets those limits, ``limits`` by default.
     A table whose merge fails does not stop the others; the op fails after them, naming it.
 
     ``peers``: the transaction-consistent tables of the connector (for the watermark);

@@ -21,7 +21,7 @@ from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaRsWriter, DeltaWriter
 from cdc_assets.io.kafka import KafkaSource
-from cdc_assets.merge.quiet import CaughtUp, caught_up_tables
+from cdc_assets.merge.quiet import TableState, caught_up, table_states
 from cdc_assets.merge.shared import FirstBatch, first_batches, reads_first
 
 K = TypeVar("K", bound=Hashable)
@@ -54,7 +54,7 @@ class TableMerge(Generic[R]):
     error: Exception | None = None
     log: list[str] = field(default_factory=list)
     writer: DeltaWriter | None = None
-    caught_up: CaughtUp | None = None
+    caught_up: TableState | None = None
 
 
 def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R], concurrent_tables: int,
@@ -75,11 +75,14 @@ def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R],
     ``shared``: the run's batch limits, to read the tables' first batches before their merges and fold those
     of one layout in shared plans (``shared.first_batches``; none where ``shared_plan_max_records`` is 0).
 
-    ``ends``: the end offsets of the tables' topics now (one look at them all): a table that is caught up with
-    them (``quiet.caught_up_tables``, before any other read) is not merged, its ``TableMerge.caught_up`` says
-    so; a run whose tables are all caught up starts no Spark session."""
+    ``ends``: the end offsets of the tables' topics now (one look at them all): before any other read, each
+    table's Delta log is looked at once (``quiet.table_states``); a table ``caught_up`` with its topic's ends is
+    not merged (its ``TableMerge.caught_up`` says what its log told), and a run whose tables are all caught up
+    starts no Spark session. With delta-rs, the others' merges (and first batches) go on from that look."""
     logs = {key: DeltaRsWriter() for key in tables} if ends is not None else {}
-    quiet = caught_up_tables(tables, logs, ends, concurrent_tables) if ends is not None else {}
+    states = table_states(tables, logs, concurrent_tables) if ends is not None else {}
+    quiet = {key: state for key, state in states.items()
+             if ends is not None and caught_up(state.progress, ends.get(tables[key].topic))}
     busy = {key: table for key, table in tables.items() if key not in quiet}
     if not busy:  # a run of checks alone, or of tables with nothing new, starts no Spark session
         for key in tables:
@@ -107,8 +110,10 @@ def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R],
         if shared is not None and shared.shared_plan_max_records > 0:
             opened = [new_source() for _ in range(workers)]
             writers = {key: writer_of(key) for key, table in busy.items() if reads_first(table)}
+            # What the look at a table's log told holds for its first batch where the same writer reads on.
+            known = {key: states[key] for key, writer in writers.items() if key in states and writer is logs[key]}
             firsts = first_batches(session, opened, {key: (busy[key], writer) for key, writer in writers.items()},
-                                   shared)
+                                   shared, known)
     except BaseException:
         for source in opened:
             source.close()

@@ -1,7 +1,7 @@
 """Tables with nothing new: a table whose latest batch commit recorded the offsets its topic ends at now
-(``caught_up``, the rule's one place). A run tells them apart before it reads anything else of theirs
-(``caught_up_tables``): from one look at every topic's end offsets (the caller's) and one at each table's Delta
-log, its newest commit. A caught-up table then costs no Spark query, no Kafka read, no shared-plan read and no
+(``caught_up``, the rule's one place). A run tells them apart before it reads anything else of theirs: from
+one look at every topic's end offsets (the caller's) and one at each table's Delta log (``table_states``), its
+newest commit. A caught-up table then costs no Spark query, no Kafka read, no shared-plan read and no
 second look at its log; a table with something new is merged by the writer that looked (its log not loaded
 again).
 """
@@ -25,11 +25,11 @@ _LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class CaughtUp:
-    """A table with nothing new in a run: what its latest batch commit recorded (its topic's end offsets now),
-    and the table's schema, read with it."""
+class TableState:
+    """What a table's Delta log told when a run looked at it: its latest batch commit's progress (None: no
+    table, or no batch commit yet) and its schema."""
 
-    progress: TableProgress
+    progress: TableProgress | None
     schema: StructType | None
 
 
@@ -40,22 +40,20 @@ def caught_up(progress: TableProgress | None, ends: Mapping[int, int] | None) ->
     return progress is not None and ends is not None and progress.offsets == dict(ends)
 
 
-def caught_up_tables(tables: Mapping[K, CapturedTable], logs: Mapping[K, DeltaRsWriter],
-                     ends: Mapping[str, Mapping[int, int]], workers: int) -> dict[K, CaughtUp]:
-    """The ``tables`` that are ``caught_up`` with their topics' ``ends``, each read by its writer in ``logs``
-    (the Delta log alone, no Spark), ``workers`` tables at a time. A table whose log cannot be read here is not
-    among them: its merge reads it and reports what fails."""
+def table_states(tables: Mapping[K, CapturedTable], logs: Mapping[K, DeltaRsWriter], workers: int
+                 ) -> dict[K, TableState]:
+    """Each of ``tables``' ``TableState``, read by its writer in ``logs`` (the Delta log alone: its newest commit,
+    no Spark), ``workers`` tables at a time. A table whose log cannot be read here is left out: its merge reads
+    it and reports what fails."""
 
-    def look(key: K) -> CaughtUp | None:
+    def look(key: K) -> TableState | None:
         table = tables[key]
         try:
-            progress, schema = logs[key].read_current(table.target, table.app_id)
+            return TableState(*logs[key].read_current(table.target, table.app_id))
         except Exception:  # read again by the table's merge, which reports it
             _LOG.debug("%s: Delta log not read ahead of the merge", table.topic, exc_info=True)
             return None
-        return CaughtUp(progress, schema) if progress is not None and caught_up(progress, ends.get(table.topic)) \
-            else None
 
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="cdc-caught-up") as pool:
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="cdc-table-state") as pool:
         looked = dict(zip(tables, pool.map(look, tables), strict=True))
-    return {key: found for key, found in looked.items() if found is not None}
+    return {key: state for key, state in looked.items() if state is not None}
