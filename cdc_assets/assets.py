@@ -33,7 +33,7 @@ from cdc_assets.checks import (
 )
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget, DeltaWriter
-from cdc_assets.io.kafka import KafkaSource
+from cdc_assets.io.kafka import KafkaSource, SourceError
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.merge import BatchReport, FirstBatch, MergeFailed, merge_concurrently, merge_micro_batches
 from cdc_assets.merge.quiet import TableState
@@ -208,7 +208,10 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
         ends = None
         if chosen:
             kafka.check_reachable()  # a wrong address fails here, in a line, before a Spark server starts
-            ends = kafka.end_offsets(table.topic for table in chosen.values())  # tells the tables with nothing new
+            try:  # tells the tables with nothing new
+                ends = kafka.end_offsets(table.topic for table in chosen.values())
+            except SourceError as error:  # each table's merge reads its own topic, and reports what fails
+                context.log.warning(f"the topics' end offsets could not be read ({error}): every table is merged")
         merges = merge_concurrently(chosen, merge, config.concurrent_tables, lambda: spark.spark_session,
                                     kafka.new_source, delta.writer_for, shared=run_limits, ends=ends)
         reads = RunReads(delta)
