@@ -81,8 +81,8 @@ def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R],
     starts no Spark session. With delta-rs, the others' merges (and first batches) go on from that look."""
     logs = {key: DeltaRsWriter() for key in tables} if ends is not None else {}
     states = table_states(tables, logs, concurrent_tables) if ends is not None else {}
-    quiet = {key: state for key, state in states.items()
-             if ends is not None and caught_up(state.progress, ends.get(tables[key].topic))}
+    quiet = {key: state for key, state in states.items() if ends is not None and state.progress is not None
+             and caught_up(state.progress.offsets, ends.get(tables[key].topic))}
     busy = {key: table for key, table in tables.items() if key not in quiet}
     if not busy:  # a run of checks alone, or of tables with nothing new, starts no Spark session
         for key in tables:

@@ -33,11 +33,12 @@ class TableState:
     schema: StructType | None
 
 
-def caught_up(progress: TableProgress | None, ends: Mapping[int, int] | None) -> bool:
-    """Whether a table whose latest batch commit recorded ``progress`` has nothing new in its topic, whose
-    partitions end at ``ends`` now (None: no such topic): the commit recorded exactly those offsets, for every
-    partition. A partition the commit does not name (added since) makes the table's merge look."""
-    return progress is not None and ends is not None and progress.offsets == dict(ends)
+def caught_up(committed: Mapping[int, int] | None, ends: Mapping[int, int] | None) -> bool:
+    """Whether a table whose latest batch commit recorded the offsets ``committed`` (None: none yet) has nothing
+    new in its topic, whose partitions end at ``ends`` now (None: no such topic): the commit recorded exactly
+    those offsets, for every partition. A partition the commit does not name (added since) makes the table's
+    merge look. The merge schedule asks it of the offsets the latest materialization recorded."""
+    return committed is not None and ends is not None and dict(committed) == dict(ends)
 
 
 def table_states(tables: Mapping[K, CapturedTable], logs: Mapping[K, DeltaRsWriter], workers: int

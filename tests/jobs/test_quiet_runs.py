@@ -140,5 +140,12 @@ def test_a_table_with_nothing_new_costs_one_look_at_its_log_and_no_spark_request
         latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(calm_checks)
         assert {key: (latest[key].run_id, latest[key].status.value) for key in calm_checks} == {
             key: (mixed.run_id, "PLANNED") for key in calm_checks}
+        # The run's log names the table with nothing new, and Dagster's the checks it did not evaluate.
+        messages = [entry.user_message for entry in instance.all_logs(mixed.run_id)]
+        assert [m for m in messages if "had nothing new" in m] == [
+            "1 of 2 tables had nothing new (their latest commits recorded their topics' end offsets): materialized "
+            "as caught up, with no merge and no check evaluated: s.calm"]
+        [omitted] = [m for m in messages if "did not yield or return expected outputs" in m]
+        assert "__s__calm_primary_key" in omitted and "__s__busy" not in omitted
     rows = sorted(r["id"] for r in DeltaTable(paths[busy]).to_pyarrow_table(columns=["id"]).to_pylist())
     assert rows == list(range(1, 8))
