@@ -80,7 +80,7 @@ def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R],
     not merged (its ``TableMerge.caught_up`` says what its log told), and a run whose tables are all caught up
     starts no Spark session. With delta-rs, the others' merges (and first batches) go on from that look."""
     logs = {key: DeltaRsWriter() for key in tables} if ends is not None else {}
-    states = table_states(tables, logs, concurrent_tables) if ends is not None else {}
+    states = table_states(tables, logs) if ends is not None else {}
     quiet = {key: state for key, state in states.items() if ends is not None and state.progress is not None
              and caught_up(state.progress.offsets, ends.get(tables[key].topic))}
     busy = {key: table for key, table in tables.items() if key not in quiet}

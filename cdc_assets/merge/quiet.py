@@ -22,6 +22,9 @@ from cdc_assets.io.delta import DeltaRsWriter, TableProgress
 K = TypeVar("K", bound=Hashable)
 
 _LOG = logging.getLogger(__name__)
+# Delta logs looked at side by side: a look waits on the store (an object store's round trips) more than it
+# computes (a few ms of CPU a table on local disk), and delta-rs lets go of the GIL meanwhile.
+LOOKS_AT_ONCE = 8
 
 
 @dataclass(frozen=True)
@@ -41,11 +44,10 @@ def caught_up(committed: Mapping[int, int] | None, ends: Mapping[int, int] | Non
     return committed is not None and ends is not None and dict(committed) == dict(ends)
 
 
-def table_states(tables: Mapping[K, CapturedTable], logs: Mapping[K, DeltaRsWriter], workers: int
-                 ) -> dict[K, TableState]:
+def table_states(tables: Mapping[K, CapturedTable], logs: Mapping[K, DeltaRsWriter]) -> dict[K, TableState]:
     """Each of ``tables``' ``TableState``, read by its writer in ``logs`` (the Delta log alone: its newest commit,
-    no Spark), ``workers`` tables at a time. A table whose log cannot be read here is left out: its merge reads
-    it and reports what fails."""
+    no Spark), ``LOOKS_AT_ONCE`` tables at a time. A table whose log cannot be read here is left out: its merge
+    reads it and reports what fails."""
 
     def look(key: K) -> TableState | None:
         table = tables[key]
@@ -55,6 +57,6 @@ def table_states(tables: Mapping[K, CapturedTable], logs: Mapping[K, DeltaRsWrit
             _LOG.debug("%s: Delta log not read ahead of the merge", table.topic, exc_info=True)
             return None
 
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="cdc-table-state") as pool:
+    with ThreadPoolExecutor(max_workers=LOOKS_AT_ONCE, thread_name_prefix="cdc-table-state") as pool:
         looked = dict(zip(tables, pool.map(look, tables), strict=True))
     return {key: state for key, state in looked.items() if state is not None}
