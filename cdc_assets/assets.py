@@ -33,9 +33,10 @@ from cdc_assets.checks import (
 )
 from cdc_assets.config import BatchLimits
 from cdc_assets.io.delta import DeltaTarget, DeltaWriter
-from cdc_assets.io.kafka import KafkaSource
+from cdc_assets.io.kafka import KafkaSource, SourceError
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.merge import BatchReport, FirstBatch, MergeFailed, merge_concurrently, merge_micro_batches
+from cdc_assets.merge.quiet import TableState
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator, dagster_name
 
@@ -131,6 +132,23 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
     return metadata
 
 
+def caught_up_metadata(table: CapturedTable, caught_up: TableState) -> dict[str, Any]:
+    """Materialization metadata of a table with nothing new in a run (``merge.quiet``): no batch, no event
+    read, offsets where its latest commit left them (its topic's end), caught up; and its column schema."""
+    assert caught_up.progress is not None  # caught up: its latest batch commit recorded its topic's end
+    offsets = {str(p): {"from": o, "to": o, "high_watermark": o} for p, o in sorted(caught_up.progress.offsets.items())}
+    metadata: dict[str, Any] = {
+        "batches": 0, "events_read": 0, "tombstones_skipped": 0, "dead_lettered_events": 0,
+        "offsets": MetadataValue.json(offsets),
+        "caught_up": True,
+        "delta_path": MetadataValue.path(table.target.path),
+    }
+    schema = column_schema(caught_up.schema)
+    if schema is not None:
+        metadata["dagster/column_schema"] = schema
+    return metadata
+
+
 def column_schema(schema: StructType | None) -> TableSchema | None:
     """A Delta schema as Dagster column metadata."""
     if schema is None:
@@ -153,7 +171,8 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
     (``name``, default ``<connector>_merge``): a run merges the selected tables, ``concurrent_tables`` at once
     (``merge_concurrently``), each MERGEing its new change events into Delta one micro-batch (one commit) at a
     time, up to ``max_batches_per_run``, and then evaluates each table's checks (``merge_check_specs``), in
-    config order. The run config (``MergeConfig``) sets those limits, ``limits`` by default.
+    config order; a table with nothing new (``merge.quiet``) is materialized as caught up, its checks not
+    evaluated. The run config (``MergeConfig``) sets those limits, ``limits`` by default.
     A table whose merge fails does not stop the others; the op fails after them, naming it.
 
     ``peers``: the transaction-consistent tables of the connector (for the watermark);
@@ -186,16 +205,28 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                   log: Callable[[str], None], first: FirstBatch | None) -> MaterializeResult:
             return merge_table(chosen[key], run_limits, peers, session, source, writer, key, log, first)
 
+        ends = None
         if chosen:
             kafka.check_reachable()  # a wrong address fails here, in a line, before a Spark server starts
+            try:  # tells the tables with nothing new
+                ends = kafka.end_offsets(table.topic for table in chosen.values())
+            except SourceError as error:  # each table's merge reads its own topic, and reports what fails
+                context.log.warning(f"the topics' end offsets could not be read ({error}): every table is merged")
         merges = merge_concurrently(chosen, merge, config.concurrent_tables, lambda: spark.spark_session,
-                                    kafka.new_source, delta.writer_for, shared=run_limits)
+                                    kafka.new_source, delta.writer_for, shared=run_limits, ends=ends)
         reads = RunReads(delta)
         failures: list[tuple[CapturedTable, Exception]] = []
+        caught_up: list[str] = []
         for key, table in by_key.items():  # in config order, each as soon as its merge (and those before) ended
             materialized, merged_by = None, None
             if key in chosen:
                 merged = next(merges)
+                if merged.caught_up is not None:
+                    # Nothing new: materialized as caught up; its checks are not evaluated again on a table this
+                    # run did not change (Dagster shows them skipped), nor are its merge's reads made.
+                    caught_up.append(table.name)
+                    yield MaterializeResult(asset_key=key, metadata=caught_up_metadata(table, merged.caught_up))
+                    continue
                 if len(merged.log) > 1:  # a line per batch; one batch's is its materialization's metadata
                     for line in merged.log:
                         context.log.info(line)
@@ -211,6 +242,10 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                 # yielded (else every run logs "did not yield or return expected outputs").
                 yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
                                                  materialized, merged_by)
+        if caught_up:
+            context.log.info(f"{len(caught_up)} of {len(chosen)} tables had nothing new (their latest commits "
+                             "recorded their topics' end offsets): materialized as caught up, with no merge and no "
+                             f"check evaluated: {', '.join(caught_up)}")
         if len(failures) == 1:
             raise failures[0][1]
         if failures:

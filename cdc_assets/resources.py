@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from dagster import Config, ConfigurableResource, Failure, InitResourceContext
@@ -20,7 +21,7 @@ from cdc_assets.config import (
     with_fields_of,
 )
 from cdc_assets.io.delta import DeltaRsWriter, DeltaWriter, select_writer
-from cdc_assets.io.kafka import KafkaSource
+from cdc_assets.io.kafka import KafkaSource, TopicProbe
 from cdc_assets.io.kafka.errors import DEFAULT_ADDRESS_SOURCE
 from cdc_assets.io.preflight import CheckFailed, tcp_reachable
 from cdc_assets.io.signals import (
@@ -108,6 +109,12 @@ class KafkaResource(ConfigurableResource):
         kafka = self.as_config()
         return KafkaSource(kafka_client_settings(kafka, require_secrets=True), kafka.retries, kafka.retry_backoff_s,
                            self.address_source)
+
+    def end_offsets(self, topics: Iterable[str]) -> dict[str, dict[int, int]]:
+        """Each of ``topics``' high watermarks per partition now, from one look at them all
+        (``TopicProbe.end_offsets``; a topic that does not exist is left out)."""
+        with TopicProbe(self.client_settings()) as probe:
+            return probe.end_offsets(topics)
 
     def check_reachable(self) -> None:
         """Fail a run before it starts Spark when no broker takes a connection at ``bootstrap_servers``: a

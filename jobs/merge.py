@@ -24,6 +24,7 @@ from cdc_assets.catalog import CapturedTable
 from cdc_assets.checks import merge_run_checks
 from cdc_assets.config import MergeScheduleConfig, PipelineConfig
 from cdc_assets.io.kafka import TopicProbe
+from cdc_assets.merge.quiet import caught_up
 from cdc_assets.topics import recorded_ends
 from cdc_assets.translator import STATUS_TAG, CdcTranslator
 
@@ -92,12 +93,12 @@ def pending_tables(tables: Mapping[AssetKey, CapturedTable], instance: DagsterIn
     none): one event-log query and one look at every topic's end offsets, no Delta read.
 
     The materialization records the offsets its Delta commit made; a table is skipped only when its topic
-    ends exactly there. A table whose Delta table went back (a RESTORE) waits for its next event; one whose
-    merge failed, or whose topic is missing, is requested again (the run then says why)."""
+    ends exactly there (``merge.quiet.caught_up``, the rule a run applies to the offsets in Delta). A table
+    whose Delta table went back (a RESTORE) waits for its next event; one whose merge failed, or whose topic
+    is missing, is requested again (the run then says why)."""
     recorded = recorded_ends(instance, list(tables))
     ends = probe.end_offsets(table.topic for table in tables.values())
-    return {key: table for key, table in tables.items()
-            if table.topic not in ends or recorded[key] != ends[table.topic]}
+    return {key: table for key, table in tables.items() if not caught_up(recorded[key], ends.get(table.topic))}
 
 
 def configured_schedule(name: str, job: JobDefinition | UnresolvedAssetJobDefinition,

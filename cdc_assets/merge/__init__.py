@@ -7,6 +7,7 @@
 - ``batches``: a table's micro-batches one after another, the next prepared while one commits;
 - ``shared``: a run's first batches of many tables read before their merges, those of one layout folded in
   one Spark query (a shared plan);
+- ``quiet``: the tables with nothing new (their latest commit recorded their topic's end), told apart first;
 - ``concurrent``: several tables' merges side by side in a thread pool;
 - ``report``: each batch's ``BatchReport``, and the errors that halt a batch;
 - ``faults``: the fault-injection hook of tests and crash trials.

@@ -19,8 +19,9 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.catalog import CapturedTable
 from cdc_assets.config import BatchLimits
-from cdc_assets.io.delta import DeltaWriter
+from cdc_assets.io.delta import DeltaRsWriter, DeltaWriter
 from cdc_assets.io.kafka import KafkaSource
+from cdc_assets.merge.quiet import TableState, caught_up, table_states
 from cdc_assets.merge.shared import FirstBatch, first_batches, reads_first
 
 K = TypeVar("K", bound=Hashable)
@@ -45,19 +46,22 @@ class MergeFailed(Exception):
 
 @dataclass
 class TableMerge(Generic[R]):
-    """One table's merge in a run: its result, or the error that stopped it; its log lines; and the writer
-    that merged it, whose loaded table the blocking key check reads again (no second load)."""
+    """One table's merge in a run: its result, or the error that stopped it, or ``caught_up`` (nothing new: not
+    merged, no result); its log lines; and the writer that merged it, whose loaded table the blocking key check
+    reads again (no second load)."""
 
     result: R | None = None
     error: Exception | None = None
     log: list[str] = field(default_factory=list)
     writer: DeltaWriter | None = None
+    caught_up: TableState | None = None
 
 
 def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R], concurrent_tables: int,
                        spark_session: Callable[[], SparkSession], new_source: Callable[[], KafkaSource],
                        writer_for: Callable[[SparkSession], DeltaWriter],
-                       shared: BatchLimits | None = None) -> Iterator[TableMerge[R]]:
+                       shared: BatchLimits | None = None,
+                       ends: Mapping[str, Mapping[int, int]] | None = None) -> Iterator[TableMerge[R]]:
     """Merge ``tables`` with up to ``concurrent_tables`` at once, each by ``merge``; yields each table's
     ``TableMerge`` in the order given.
 
@@ -69,15 +73,33 @@ def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R],
     one after another in one worker: they share the connector's transaction log and watermark.
 
     ``shared``: the run's batch limits, to read the tables' first batches before their merges and fold those
-    of one layout in shared plans (``shared.first_batches``; none where ``shared_plan_max_records`` is 0)."""
-    if not tables:
-        return  # a run of checks alone starts no Spark session
+    of one layout in shared plans (``shared.first_batches``; none where ``shared_plan_max_records`` is 0).
+
+    ``ends``: the end offsets of the tables' topics now (one look at them all): before any other read, each
+    table's Delta log is looked at once (``quiet.table_states``); a table ``caught_up`` with its topic's ends is
+    not merged (its ``TableMerge.caught_up`` says what its log told), and a run whose tables are all caught up
+    starts no Spark session. With delta-rs, the others' merges (and first batches) go on from that look."""
+    logs = {key: DeltaRsWriter() for key in tables} if ends is not None else {}
+    states = table_states(tables, logs) if ends is not None else {}
+    quiet = {key: state for key, state in states.items() if ends is not None and state.progress is not None
+             and caught_up(state.progress.offsets, ends.get(tables[key].topic))}
+    busy = {key: table for key, table in tables.items() if key not in quiet}
+    if not busy:  # a run of checks alone, or of tables with nothing new, starts no Spark session
+        for key in tables:
+            yield TableMerge(writer=logs[key], caught_up=quiet[key])
+        return
     session = spark_session()  # made once, here: the workers share it
-    transactional = [key for key, table in tables.items() if table.transaction_log is not None]
-    units = collections.deque([[key] for key, table in tables.items() if table.transaction_log is None])
+
+    def writer_of(key: K) -> DeltaWriter:
+        """The table's writer: the one that read its log above, where the run merges with delta-rs too."""
+        writer = writer_for(session)
+        return logs[key] if key in logs and isinstance(writer, DeltaRsWriter) else writer
+
+    transactional = [key for key, table in busy.items() if table.transaction_log is not None]
+    units = collections.deque([[key] for key, table in busy.items() if table.transaction_log is None])
     if transactional:
         units.appendleft(transactional)
-    merges: dict[K, Future[TableMerge[R]]] = {key: Future() for key in tables}
+    merges: dict[K, Future[TableMerge[R]]] = {key: Future() for key in busy}
     stopping = threading.Event()
     workers = min(concurrent_tables, len(units))
     sources: queue.SimpleQueue[KafkaSource] = queue.SimpleQueue()
@@ -87,9 +109,11 @@ def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R],
     try:
         if shared is not None and shared.shared_plan_max_records > 0:
             opened = [new_source() for _ in range(workers)]
-            writers = {key: writer_for(session) for key, table in tables.items() if reads_first(table)}
-            firsts = first_batches(session, opened, {key: (tables[key], writer) for key, writer in writers.items()},
-                                   shared)
+            writers = {key: writer_of(key) for key, table in busy.items() if reads_first(table)}
+            # What the look at a table's log told holds for its first batch where the same writer reads on.
+            known = {key: states[key] for key, writer in writers.items() if key in states and writer is logs[key]}
+            firsts = first_batches(session, opened, {key: (busy[key], writer) for key, writer in writers.items()},
+                                   shared, known)
     except BaseException:
         for source in opened:
             source.close()
@@ -106,7 +130,7 @@ def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R],
                 except IndexError:
                     return
                 for key in unit:
-                    writer = writers.get(key) or writer_for(session)
+                    writer = writers.get(key) or writer_of(key)
                     merged: TableMerge[R] = TableMerge(writer=writer)
                     try:
                         merged.result = merge(key, session, source, writer, merged.log.append, firsts.get(key))
@@ -118,7 +142,7 @@ def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R],
     running = [pool.submit(work) for _ in range(workers)]
     try:
         for key in tables:
-            yield merges[key].result()
+            yield TableMerge(writer=logs[key], caught_up=quiet[key]) if key in quiet else merges[key].result()
     finally:
         stopping.set()  # a run stopped early starts no more merges
         pool.shutdown(wait=True)

@@ -46,6 +46,7 @@ from cdc_assets.io.delta import BatchWriter, TableProgress
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.io.spark import is_local, spark_records
 from cdc_assets.merge.prepare import Prepared, ToFold, fold, read_to_fold
+from cdc_assets.merge.quiet import TableState
 
 K = TypeVar("K", bound=Hashable)
 
@@ -80,9 +81,11 @@ def shares_plan(read: ToFold, limits: BatchLimits) -> bool:
 
 
 def first_batches(spark: SparkSession, sources: Sequence[KafkaSource],
-                  members: Mapping[K, tuple[CapturedTable, BatchWriter]], limits: BatchLimits) -> dict[K, FirstBatch]:
+                  members: Mapping[K, tuple[CapturedTable, BatchWriter]], limits: BatchLimits,
+                  known: Mapping[K, TableState] | None = None) -> dict[K, FirstBatch]:
     """The first batch of each of ``members`` (tables whose ``reads_first``, each with its writer), read with
-    ``sources`` side by side, those that ``shares_plan`` folded in shared plans of one layout each.
+    ``sources`` side by side, those that ``shares_plan`` folded in shared plans of one layout each. ``known``:
+    the progress and schema the run just read of some of them (``quiet.table_states``), not read again.
 
     A run holds about one batch's records at a time, whatever its tables: each table's first batch is read
     with at most ``shared_plan_max_records`` records (a table with more gets no first batch: its merge reads
@@ -100,8 +103,9 @@ def first_batches(spark: SparkSession, sources: Sequence[KafkaSource],
         table, writer = members[key]
         source = idle.get()
         try:
-            progress = writer.read_progress(table.target, table.app_id)
-            existing = writer.table_schema(table.target)
+            state = (known or {}).get(key)
+            progress = writer.read_progress(table.target, table.app_id) if state is None else state.progress
+            existing = writer.table_schema(table.target) if state is None else state.schema
             return FirstBatch(progress, existing, read_to_fold(source, table, bounded, progress, existing))
         except Exception:  # read again by the table's merge, which reports it
             _LOG.debug("%s: first batch not read ahead of the merge", table.topic, exc_info=True)

@@ -19,7 +19,7 @@ from cdc_assets.core.layout import CURRENT_COLUMN
 from cdc_assets.core.truncation import Truncation
 from cdc_assets.io.delta.base import HISTORY_WINDOW, WriterBase, latest_progress, table_schema_of
 from cdc_assets.io.delta.errors import DeltaWriterError, TableMissingError, concurrent_commit_guard
-from cdc_assets.io.delta.metadata import CommitRequest, TableProgress, commit_properties
+from cdc_assets.io.delta.metadata import CommitRequest, TableProgress, commit_properties, progress_from_history
 from cdc_assets.io.delta.outcomes import CompactionOutcome, KeyReport, MergeOutcome
 from cdc_assets.io.delta.sql import quote_datafusion, renamed_rows
 from cdc_assets.io.delta.table import NEW_TABLE_PROPERTIES, DeltaTarget, open_table
@@ -62,13 +62,21 @@ class DeltaRsWriter(WriterBase):
 
     def table_schema(self, target: DeltaTarget) -> T.StructType | None:
         table = self._table(target)
-        return None if table is None else from_arrow_schema(pa.schema(table.schema().to_arrow()))
+        return None if table is None else _schema(table)
 
     def read_progress(self, target: DeltaTarget, app_id: str) -> TableProgress | None:
         table = self._table(target)
-        if table is None:
-            return None
-        progress = latest_progress(table.history(HISTORY_WINDOW), app_id, table.history)
+        return None if table is None else self._progress(table, target, app_id)
+
+    def read_current(self, target: DeltaTarget, app_id: str) -> tuple[TableProgress | None, T.StructType | None]:
+        """``read_progress`` and ``table_schema`` from one look at the table's log (each alone looks again)."""
+        table = self._table(target)
+        return (None, None) if table is None else (self._progress(table, target, app_id), _schema(table))
+
+    def _progress(self, table: DeltaTable, target: DeltaTarget, app_id: str) -> TableProgress | None:
+        # The newest commit first: most often the latest batch's (one commit file read, not HISTORY_WINDOW).
+        progress = progress_from_history(table.history(1), app_id) or \
+            latest_progress(table.history(HISTORY_WINDOW), app_id, table.history)
         txn_version = table.transaction_version(app_id)
         if txn_version is not None and (progress is None or progress.txn_version != txn_version):
             raise DeltaWriterError(
@@ -231,3 +239,8 @@ class DeltaRsWriter(WriterBase):
         table.update_incremental()
         return CompactionOutcome(files, int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0)),
                                  table.version(), compacted=True)
+
+
+def _schema(table: DeltaTable) -> T.StructType:
+    """The schema of a loaded table as Spark types."""
+    return from_arrow_schema(pa.schema(table.schema().to_arrow()))

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 from cdc_assets.io.storage import delta_rs_options
 
@@ -25,7 +26,7 @@ class DeltaTarget:
 
 def open_table(target: DeltaTarget) -> DeltaTable | None:
     """The Delta table at ``target`` (delta-rs), or None where there is none yet."""
-    options = delta_rs_options(target.storage_options)
-    if not DeltaTable.is_deltatable(target.path, storage_options=options):
+    try:  # one look at the log: asking ``is_deltatable`` first read it twice
+        return DeltaTable(target.path, storage_options=delta_rs_options(target.storage_options))
+    except TableNotFoundError:
         return None
-    return DeltaTable(target.path, storage_options=options)

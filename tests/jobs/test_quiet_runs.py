@@ -1,0 +1,151 @@
+"""A ``cdc_merge_job`` run over tables with nothing new is cheap (issue 60), on real parts (a broker, Delta tables,
+the local Spark server, real Dagster runs) and each writer: a table whose latest commit recorded its topic's end
+costs one look at its Delta log (its newest commit) and no Spark request, its checks are not evaluated (skipped,
+not failed), while a table with one new event in the same run is merged and checked. Spark requests are counted
+at the Spark Connect client, Delta reads at delta-rs's ``DeltaTable``."""
+
+from __future__ import annotations
+
+import collections
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from dagster import AssetCheckKey, AssetKey, DagsterInstance
+from deltalake import DeltaTable
+from pyspark.sql.connect.client.core import SparkConnectClient
+
+from cdc_assets.config import parse_config
+from cdc_assets.definitions import build_definitions
+from cdc_assets.demo.events import encode_key, envelope, postgres_source
+from tests.support.topics import new_topic_named, produce
+
+CONFIG = """\
+kafka: {{bootstrap_servers: "{bootstrap}"}}
+delta: {{root: "{root}", writer: {writer}}}
+connectors:
+  - name: shop
+    kind: postgresql
+    topic.prefix: {prefix}
+    tables: [{{name: s.calm}}, {{name: s.busy}}]
+"""
+
+
+def changes(table: str, first: int, count: int) -> list[tuple[bytes, bytes]]:
+    """``count`` creates of keys from ``first`` in ``table``, as the PostgreSQL connector writes them."""
+    now = int(time.time() * 1000)
+    return [(encode_key({"id": i}), envelope("c", None, {"id": i, "v": f"{table}-{i}"},
+                                             postgres_source(i, now, "s", table), now))
+            for i in range(first, first + count)]
+
+
+class Reads:
+    """What a run asks of Spark (each request to the server, with its plan's text) and of delta-rs (each load of
+    a table's log, look at its history, refresh and scan of its files), counted where they are made."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.spark: list[str] = []
+        self.delta: collections.Counter[tuple[str, str]] = collections.Counter()
+        for name in ("_execute", "_execute_and_fetch_as_iterator", "_analyze"):
+            self._count_spark(monkeypatch, name)
+        load = DeltaTable.__init__
+
+        def loaded(table: DeltaTable, table_uri: object, *args: object, **kwargs: object) -> None:
+            self.delta[(str(table_uri), "load")] += 1
+            load(table, table_uri, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(DeltaTable, "__init__", loaded)
+        for name in ("history", "update_incremental", "to_pyarrow_dataset", "to_pyarrow_table"):
+            self._count_delta(monkeypatch, name)
+
+    def _count_spark(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+        method = getattr(SparkConnectClient, name)
+
+        def counted(client: SparkConnectClient, *args: object, **kwargs: object) -> object:
+            self.spark.append(f"{name}: {args} {kwargs}")
+            return method(client, *args, **kwargs)
+
+        monkeypatch.setattr(SparkConnectClient, name, counted)
+
+    def _count_delta(self, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+        method = getattr(DeltaTable, name)
+
+        def counted(table: DeltaTable, *args: object, **kwargs: object) -> object:
+            self.delta[(table.table_uri, f"{name}{args or ''}")] += 1
+            return method(table, *args, **kwargs)
+
+        monkeypatch.setattr(DeltaTable, name, counted)
+
+    def of(self, path: str) -> dict[str, int]:
+        """The Delta reads of the table at ``path``."""
+        return {what: n for (uri, what), n in self.delta.items() if uri.rstrip("/").endswith(path.rstrip("/"))}
+
+    def clear(self) -> None:
+        self.spark.clear()
+        self.delta.clear()
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Reads]:
+    yield Reads(monkeypatch)
+
+
+def test_a_table_with_nothing_new_costs_one_look_at_its_log_and_no_spark_request(spark, broker, writer, tmp_path,
+                                                                                reads):
+    prefix = f"calm{uuid.uuid4().hex[:8]}"
+    topics = {name: new_topic_named(broker, f"{prefix}.s.{name}", partitions=2) for name in ("calm", "busy")}
+    for name, topic in topics.items():
+        produce(broker, topic, changes(name, 1, 6))
+    defs = build_definitions(parse_config(CONFIG.format(bootstrap=broker.bootstrap_servers, root=tmp_path,
+                                                        writer=writer.name, prefix=prefix)))
+    job = defs.resolve_job_def("cdc_merge_job")
+    calm, busy = (AssetKey([prefix, "s", name]) for name in ("calm", "busy"))
+    with DagsterInstance.ephemeral() as instance:
+        first = job.execute_in_process(instance=instance)
+        merged = {m.asset_key: m.metadata for m in first.asset_materializations_for_node("shop_merge")}
+        assert {key: merged[key]["events_read"].value for key in (calm, busy)} == {calm: 6, busy: 6}
+        paths = {key: str(merged[key]["delta_path"].value) for key in (calm, busy)}
+
+        # Nothing new anywhere: no Spark request at all, one load and one newest commit of each table's log.
+        reads.clear()
+        quiet = job.execute_in_process(instance=instance)
+        assert quiet.success
+        assert reads.spark == []
+        assert {key: reads.of(path) for key, path in paths.items()} == {
+            key: {"load": 1, "history(1,)": 1} for key in paths}
+        assert quiet.get_asset_check_evaluations() == []
+
+        # One new event in one table: it is merged and checked; the other costs what it cost alone.
+        produce(broker, topics["busy"], changes("busy", 7, 1))
+        reads.clear()
+        mixed = job.execute_in_process(instance=instance)
+        assert mixed.success
+        assert reads.of(paths[calm]) == {"load": 1, "history(1,)": 1}
+        assert [request for request in reads.spark if paths[calm] in request] == []
+        assert reads.spark  # the busy table's fold (and, with delta-spark, its MERGE) did ask Spark
+        materialized = {m.asset_key: m.metadata for m in mixed.asset_materializations_for_node("shop_merge")}
+        assert materialized[busy]["events_read"].value == 1 and materialized[busy]["rows_inserted"].value == 1
+        assert materialized[calm]["events_read"].value == 0 and materialized[calm]["caught_up"].value
+        assert materialized[calm]["batches"].value == 0
+        assert {p: span["to"] for p, span in materialized[calm]["offsets"].value.items()} == \
+            {p: span["to"] for p, span in merged[calm]["offsets"].value.items()}
+        assert "dagster/column_schema" in materialized[calm]
+        # The busy table's blocking checks are evaluated; the calm table's are not, and show as skipped (planned in a
+        # run that succeeded), not failed.
+        names = ("primary_key", "unavailable_values_kept")
+        assert {(e.asset_key, e.check_name): e.passed for e in mixed.get_asset_check_evaluations()} == {
+            (busy, name): True for name in names}
+        calm_checks = [AssetCheckKey(calm, name) for name in names]
+        latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(calm_checks)
+        assert {key: (latest[key].run_id, latest[key].status.value) for key in calm_checks} == {
+            key: (mixed.run_id, "PLANNED") for key in calm_checks}
+        # The run's log names the table with nothing new, and Dagster's the checks it did not evaluate.
+        messages = [entry.user_message for entry in instance.all_logs(mixed.run_id)]
+        assert [m for m in messages if "had nothing new" in m] == [
+            "1 of 2 tables had nothing new (their latest commits recorded their topics' end offsets): materialized "
+            "as caught up, with no merge and no check evaluated: s.calm"]
+        [omitted] = [m for m in messages if "did not yield or return expected outputs" in m]
+        assert "__s__calm_primary_key" in omitted and "__s__busy" not in omitted
+    rows = sorted(r["id"] for r in DeltaTable(paths[busy]).to_pyarrow_table(columns=["id"]).to_pylist())
+    assert rows == list(range(1, 8))
