@@ -40,6 +40,7 @@ SLOW_MODULES_FIRST = (
     "jobs/test_cluster.py",
     "merge/test_shared_plan.py",
     "conformance/test_pk_change_toast.py",
+    "conformance/test_column_choices_real.py",
     "conformance/test_real_debezium.py",
     "demo/test_docs_first_hour.py",
     "conformance/test_drift_repair_real.py",
