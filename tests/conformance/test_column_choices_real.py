@@ -17,7 +17,6 @@ choice names ``w``.
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -86,11 +85,13 @@ connectors:
 {tables}"""
 
     def cc_tables(self) -> str:
+        """The Delta tables of ``cc``'s topic, one per entry of ``CHOICES``."""
         return "".join(f"      - {{name: public.{name}, topic: {self.prefix}.public.cc, path: {name}, {choice}}}\n"
                        for name, choice in CHOICES.items())
 
     def cr_tables(self, tracked: str) -> str:
-        return (f"      - {{name: public.cr, apply_mode: scd2, path: cr, track_history_columns: [{tracked}]}}\n")
+        """``cr`` in scd2, its history tracked for column ``tracked``."""
+        return f"      - {{name: public.cr, apply_mode: scd2, path: cr, track_history_columns: [{tracked}]}}\n"
 
     def merge(self, writer: str, tables: str) -> list[str]:
         """``cdc_merge_job`` of ``tables`` with ``writer``; its failed steps."""
@@ -104,21 +105,8 @@ connectors:
         return self.finals[writer]
 
     def path(self, writer: str, name: str) -> Path:
+        """Where ``writer`` keeps Delta table ``name``."""
         return self.root / writer / name
-
-
-def _wait_for_marker(runner: h.DebeziumRunner, connection: psycopg.Connection, marker: int) -> None:
-    """Write marker row ``marker`` (again, until the connector streams) and wait until it was produced."""
-    deadline = time.monotonic() + 180
-    while True:
-        connection.execute("INSERT INTO cdc_marker VALUES (%s) ON CONFLICT DO NOTHING", [marker])
-        try:
-            runner.wait_for_marker(marker, timeout_s=5)
-            return
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            connection.execute("DELETE FROM cdc_marker WHERE id = %s", [marker])
 
 
 def _maybe(rng: random.Random, value: Any, nulls: float = 0.2) -> Any:
@@ -198,10 +186,10 @@ def capture(broker: Any, postgres: Any, tmp_path_factory: pytest.TempPathFactory
         runner = h.DebeziumRunner(broker.bootstrap_servers, [properties], work)
         runner.start()
         try:
-            _wait_for_marker(runner, connection, 1)
+            h.write_marker(runner, connection, 1)
             next_id = _changes(connection, rng, ids, next_id, 150, secret=False)
             _rename_changes(connection, rng, "v", 20)
-            _wait_for_marker(runner, connection, 2)
+            h.write_marker(runner, connection, 2)
             for writer in WRITERS:
                 captured.midstream[writer] = captured.merge(writer, captured.cc_tables() + captured.cr_tables("v"))
                 captured.cr_before[writer] = h.delta_rows(captured.path(writer, "cr"))
@@ -213,7 +201,7 @@ def capture(broker: Any, postgres: Any, tmp_path_factory: pytest.TempPathFactory
             # Nulls in the added column, of rows that held a value in it (the random changes may have none).
             connection.execute("UPDATE cc SET secret = NULL, seen_at = seen_at + 1 WHERE id IN "
                                "(SELECT id FROM cc WHERE secret IS NOT NULL ORDER BY id LIMIT 3)")
-            _wait_for_marker(runner, connection, 3)
+            h.write_marker(runner, connection, 3)
         finally:
             runner.stop()
             h.drop_replication_slots(dsn)
