@@ -38,6 +38,8 @@ SLOW_MODULES_FIRST = (
     "jobs/test_cluster.py",
     "conformance/test_real_debezium.py",
     "conformance/test_pk_change_toast.py",
+    "conformance/test_column_choices_real.py",
+    "conformance/test_mariadb_rows_match_source.py",
     "merge/test_mongodb.py",
     "merge/test_transaction_merges.py",
     "demo/test_docs_first_hour.py",

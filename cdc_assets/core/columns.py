@@ -13,7 +13,7 @@ columns whose history is not tracked are ``ChangeEventLayout.untracked``, for sc
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from pyspark.sql import types as T
@@ -33,9 +33,11 @@ class ColumnChoices:
 
     @property
     def named(self) -> tuple[str, ...]:
-        """Every column the choices name, in the order written."""
+        """Every column the choices name that the table's events must have, in the order written: not those
+        of ``exclude``, which may name a column the source does not have yet (one a later schema change adds
+        is then never kept, not even by a batch merged before the choices could name it)."""
         listed = self.ignore_null_updates if isinstance(self.ignore_null_updates, tuple) else ()
-        return tuple(dict.fromkeys([*(self.include or ()), *self.exclude, *listed, *(self.track_history or ()),
+        return tuple(dict.fromkeys([*(self.include or ()), *listed, *(self.track_history or ()),
                                     *self.track_history_except]))
 
     def keeps(self, name: str, key_columns: Iterable[str] = ()) -> bool:
@@ -56,18 +58,21 @@ class ColumnChoices:
             return f"exclude_columns names key column(s) {excluded}: a table always keeps its key"
         return None
 
-    def applied_to(self, layout: ChangeEventLayout, shown: bool = True) -> ChangeEventLayout:
-        """``layout`` with only the kept columns and its ignored update nulls. ``shown``: the batch's events
-        show the table's columns, so a column the choices name and the layout lacks is unknown: a
-        ``LayoutError`` naming it (as is a key column excluded)."""
+    def applied_to(self, layout: ChangeEventLayout, shown: Collection[str] | None = None) -> ChangeEventLayout:
+        """``layout`` with only the kept columns and its ignored update nulls. ``shown``: the columns the batch's
+        newest event shows (None: it shows none, e.g. a TRUNCATE's); a column the choices name that it lacks is
+        unknown, a ``LayoutError`` naming it (as is a key column excluded). The newest event, not the layout,
+        which also holds the Delta table's columns: a column renamed or dropped at the source is unknown from
+        the first batch that shows it gone, not followed by a choice that would silently apply to nothing."""
         problem = self.key_problem(layout.key_columns)
         if problem:
             raise LayoutError(problem)
-        known = {*layout.key_columns, *layout.row_type.fieldNames()}
-        unknown = [name for name in self.named if name not in known]
-        if unknown and shown:
-            raise LayoutError(f"the column choices name column(s) {unknown} that the table's events do not have "
-                              f"(its columns: {sorted(known)})")
+        if shown is not None:
+            known = {*layout.key_columns, *shown}
+            unknown = [name for name in self.named if name not in known]
+            if unknown:
+                raise LayoutError(f"the column choices name column(s) {unknown} that the table's events do not "
+                                  f"have (its columns: {sorted(known)})")
         if self == EVERY_COLUMN:
             return layout
         row_type = self.kept(layout.row_type, layout.key_columns)

@@ -140,16 +140,18 @@ def row_type_from_envelope_schema(envelope_schema: Mapping[str, Any]) -> tuple[T
     return T.StructType([]), {}
 
 
-def shows_columns(sample_values: Sequence[bytes]) -> bool:
-    """Whether sampled values show the table's columns: a value schema with a row, or an after image (a
-    delete's before image may hold the key only, a TRUNCATE has none)."""
-    for value in parse_values(sample_values):
+def shown_columns(sample_values: Sequence[bytes]) -> tuple[str, ...] | None:
+    """The columns of the newest sampled value that shows the table's columns (its value schema's row, or
+    its after image), None where none does (a delete's before image may hold the key only, a TRUNCATE has
+    none). The newest: a column renamed or dropped at the source is gone from it, though the Delta table and
+    older events still have it."""
+    for value in reversed(parse_values(sample_values)):
         schema, envelope = unwrap(value)
-        if schema is not None and row_type_from_envelope_schema(schema)[0].fields:
-            return True
-        if isinstance(envelope, Mapping) and isinstance(envelope.get("after"), Mapping):
-            return True
-    return False
+        if schema is not None and (names := row_type_from_envelope_schema(schema)[0].fieldNames()):
+            return tuple(names)
+        if isinstance(envelope, Mapping) and isinstance(after := envelope.get("after"), Mapping):
+            return tuple(after)
+    return None
 
 
 def unwrap(body: object) -> tuple[Mapping[str, Any] | None, object]:

@@ -18,7 +18,7 @@ from cdc_assets.config import BatchLimits
 from cdc_assets.core import derive_layout
 from cdc_assets.core.envelope import explain_bad_value
 from cdc_assets.core.key_changes import key_change_cut, unfinished_partitions
-from cdc_assets.core.layout import HIDDEN_PREFIX, PLACEHOLDER_KINDS, ChangeEventLayout, LayoutError, shows_columns
+from cdc_assets.core.layout import HIDDEN_PREFIX, PLACEHOLDER_KINDS, ChangeEventLayout, LayoutError, shown_columns
 from cdc_assets.io.avro import record_decoder
 from cdc_assets.io.kafka import Cut, KafkaSource, RawBatch
 from cdc_assets.merge.faults import checkpoint
@@ -49,8 +49,8 @@ def derive_batch_layout(table: CapturedTable, raw: RawBatch, samples: tuple[list
         layout = derive_layout(table.kind, *samples, table.key_columns, table.columns, existing_rows,
                                table.unavailable_placeholder, key_columns, dict(table.document_fields))
         choices = table.column_choices
-        # A column the choices name is unknown only where the batch's events show the table's columns.
-        return choices.applied_to(layout, bool(choices.named) and shows_columns(samples[1]))
+        # A column the choices name is unknown where the batch's newest event shows the columns without it.
+        return choices.applied_to(layout, shown_columns(samples[1]) if choices.named else None)
     except LayoutError as exc:
         offsets = {p: f"{raw.start_offsets[p]}..{raw.end_offsets[p]}" for p in sorted(raw.start_offsets)}
         # Sampled events that cannot be read are the cause an operator must see, not the layout they left empty.

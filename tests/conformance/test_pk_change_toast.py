@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 import string
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -71,20 +70,6 @@ def _text(rng: random.Random) -> str:
     return "".join(rng.choices(string.ascii_letters + string.digits, k=TEXT_BYTES))
 
 
-def _wait_for_marker(runner: h.DebeziumRunner, connection: psycopg.Connection, marker: int) -> None:
-    """Write marker row ``marker`` (again, until the connector streams) and wait until it was produced."""
-    deadline = time.monotonic() + 180
-    while True:
-        connection.execute("INSERT INTO cdc_marker VALUES (%s) ON CONFLICT DO NOTHING", [marker])
-        try:
-            runner.wait_for_marker(marker, timeout_s=5)
-            return
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            connection.execute("DELETE FROM cdc_marker WHERE id = %s", [marker])
-
-
 @pytest.fixture(scope="module")
 def capture(broker: Any, postgres: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
     """The capture, merged once by each writer between the inserts and the key changes."""
@@ -104,10 +89,10 @@ def capture(broker: Any, postgres: Any, tmp_path_factory: pytest.TempPathFactory
         runner = h.DebeziumRunner(broker.bootstrap_servers, [properties], work)
         runner.start()
         try:
-            _wait_for_marker(runner, connection, 1)
+            h.write_marker(runner, connection, 1)
             for row_id in range(13, 25):  # streamed
                 connection.execute("INSERT INTO pkt VALUES (%s, %s, %s)", [row_id, row_id, _text(rng)])
-            _wait_for_marker(runner, connection, 2)
+            h.write_marker(runner, connection, 2)
             captured.first_merge = {writer: captured.merge(writer) for writer in ("delta-rs", "delta-spark")}
 
             # Keys change without touching t: one row a statement, with and without another column.
@@ -130,7 +115,7 @@ def capture(broker: Any, postgres: Any, tmp_path_factory: pytest.TempPathFactory
             connection.execute("UPDATE pkt SET n = n * 10 WHERE id > 1000 AND id % 2 = 0")
             connection.execute("DELETE FROM pkt WHERE id IN (1004, 2008)")
             connection.execute("UPDATE pkt SET id = 4 WHERE id = 1010")
-            _wait_for_marker(runner, connection, 3)
+            h.write_marker(runner, connection, 3)
         finally:
             runner.stop()
             h.drop_replication_slots(dsn)

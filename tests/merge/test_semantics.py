@@ -587,8 +587,9 @@ def mongo_history(rng: random.Random, length: int, docs: int = 4,
 def test_random_mongodb_histories_end_as_the_reference(spark, broker, writer, tmp_path, seed, lengths, partitions,
                                                        max_records):
     """Packed like the relational histories: documents 100 apart, events interleaved in one topic; nested
-    $set/$unset and update descriptions against the reference (``ref_*``), in scd1 and in scd2 (the current
-    versions), each field in MongoDB's order."""
+    $set/$unset and update descriptions against the reference (``ref_*``), in scd1, in soft_delete (the live
+    rows; every other document seen is marked deleted) and in scd2 (the current versions), each field in
+    MongoDB's order."""
     rng = random.Random(seed)
     histories, expected = [], {}
     for index, length in enumerate(lengths):
@@ -605,7 +606,8 @@ def test_random_mongodb_histories_end_as_the_reference(spark, broker, writer, tm
         if op == "d":
             recs.append((key, None))
     want = {str(doc): json.dumps(document) for doc, document in expected.items()}
-    for mode in ("scd1", "scd2"):
+    seen = {str(doc) for history in histories for doc, _, _ in history}
+    for mode in ("scd1", "soft_delete", "scd2"):
         topic = new_topic(broker, "mongo.db.docs", partitions=partitions)
         produce_spread(broker, topic, recs, partitions, random.Random(f"{seed}/partitions"))
         table = replace(captured_table(topic, tmp_path / f"{seed}-{mode}", kind="mongodb"), apply_mode=mode)
@@ -613,6 +615,11 @@ def test_random_mongodb_histories_end_as_the_reference(spark, broker, writer, tm
         if mode == "scd1":
             rows = read_rows(spark, writer, table)
             got = {json.loads(k[0])["$numberLong"]: row["document"] for k, row in rows.items()}
+        elif mode == "soft_delete":
+            rows = {json.loads(k[0])["$numberLong"]: row
+                    for k, row in read_rows(spark, writer, table, visible_only=False).items()}
+            assert {doc for doc, row in rows.items() if row["_cdc_deleted"]} == seen - set(want), mode
+            got = {doc: row["document"] for doc, row in rows.items() if not row["_cdc_deleted"]}
         else:
             got = {json.loads(key)["$numberLong"]: version["document"]
                    for key, versions in scd2_versions(spark, writer, table).items() for version in versions

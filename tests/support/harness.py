@@ -163,6 +163,21 @@ class DebeziumRunner:
             time.sleep(0.2)
 
 
+def write_marker(runner: DebeziumRunner, connection: psycopg.Connection, marker: int) -> None:
+    """Write row ``marker`` of ``cdc_marker`` (again, until the connector streams: one without an initial snapshot
+    sees only rows written after its slot exists) and wait until the runner produced it."""
+    deadline = time.monotonic() + 180
+    while True:
+        connection.execute("INSERT INTO cdc_marker VALUES (%s) ON CONFLICT DO NOTHING", [marker])
+        try:
+            runner.wait_for_marker(marker, timeout_s=5)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            connection.execute("DELETE FROM cdc_marker WHERE id = %s", [marker])
+
+
 def parse_dsn(dsn: str) -> dict[str, str]:
     """``key=value`` libpq DSN as a dict."""
     return dict(part.split("=", 1) for part in dsn.split())
