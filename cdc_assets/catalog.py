@@ -67,6 +67,16 @@ class CapturedTable:
         return f"cdc_assets:{self.topic}"
 
     @property
+    def source_table(self) -> str:
+        """The source table (Debezium's data collection) whose changes the table holds, ``<schema>.<table>``: the
+        one its topic names where the topic is Debezium's ``<topic.prefix>.<schema>.<table>`` (a second Delta
+        table of one topic, ``name`` then being the Delta table's own), else its ``name`` (a routed topic).
+        What ``rows_match_source`` reads and the incremental snapshots of a backfill or repair name."""
+        prefix = f"{self.topic_prefix}."
+        rest = self.topic[len(prefix):] if self.topic.startswith(prefix) else ""
+        return rest if rest.count(".") == 1 else self.name
+
+    @property
     def mode(self) -> ApplyMode:
         """The rules of the table's apply mode (``core.apply_modes``), for its connector's kind."""
         return apply_mode(self.apply_mode, self.kind)

@@ -466,7 +466,7 @@ def evaluate_rows_match_source(table: CapturedTable, key: AssetKey, spark: Spark
                 def events_waiting() -> int:
                     return live_freshness(table, probe)[0].events_waiting
 
-                result = reconcile(source, delta, table.name, keys, settings.buckets,
+                result = reconcile(source, delta, table.source_table, keys, settings.buckets,
                                    committed_position_reached(delta, source, events_waiting),
                                    settings.settle_timeout_s)
         finally:

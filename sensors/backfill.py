@@ -39,7 +39,8 @@ def backfill_requests(tables: Sequence[CapturedTable], requested: set[str], snap
         if backfill.snapshot:
             requests.append(RunRequest(
                 run_key=run_key, job_name=snapshot_job_name,
-                run_config=execute_snapshot_run_config(table.connector, [data_collection(*table.name.split("."))]),
+                run_config=execute_snapshot_run_config(table.connector,
+                                                       [data_collection(*table.source_table.split("."))]),
                 tags={"cdc_assets/backfill": table.topic}))
         key = (translator or CdcTranslator()).get_asset_key(table)
         requests.append(RunRequest(

@@ -187,7 +187,7 @@ def make_drift_repair_sensor(tables: Sequence[CapturedTable], connectors: Sequen
                               "not repaired again; the check's metadata names the keys")
             return None
         ranges = DriftedRanges.from_metadata(entry.value)  # type: ignore[arg-type]  # a JSON entry
-        collection = data_collection(*table.name.split("."))
+        collection = data_collection(*table.source_table.split("."))
         condition = ranges.condition(DIALECT_OF_KIND[table.kind], _fits(connector, collection))
         if condition is None:
             context.log.warning(f"{name}: evaluation {record_id} drifted in ways no targeted snapshot heals "
@@ -232,7 +232,7 @@ def make_drift_repair_sensor(tables: Sequence[CapturedTable], connectors: Sequen
             try:
                 source = open_source(table.kind, dsn)
                 try:
-                    repair.source_position, repair.expected_reads = rows_matching(source, table.name,
+                    repair.source_position, repair.expected_reads = rows_matching(source, table.source_table,
                                                                                   repair.condition)
                 finally:
                     source.close()

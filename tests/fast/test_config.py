@@ -161,7 +161,10 @@ def test_the_documented_config_example_loads_as_written():
     config = parse_config(example)
     [connector] = config.connectors
     assert connector.name == "inventory" and connector.format == "json"
-    assert [table.name for table in connector.tables] == ["inventory.customers", "inventory.audit_log"]
+    assert [table.name for table in connector.tables] == ["inventory.customers", "inventory.customers_history",
+                                                          "inventory.audit_log"]
+    history = next(t for t in resolve_tables(config, list_topics=lambda: []) if t.name.endswith("_history"))
+    assert history.source_table == "inventory.customers"
     [orders] = resolve_tables(parse_config(mongodb))
     assert (orders.topic, orders.apply_mode, orders.document_fields) == ("mongo1.inventory.orders", "scd2", (
         ("status", "string"), ("qty", "bigint"), ("total", "decimal(10,2)"), ("placed", "timestamp")))

@@ -136,3 +136,23 @@ def test_a_binlog_offset_of_kafka_connect_as_a_position_none_while_its_snapshot_
     assert _binlog_position({**streaming, "snapshot": "true"}, "mariadb") is None  # its rows are not all sent
     assert _binlog_position({**streaming, "snapshot": True, "snapshot_completed": True}, "mariadb") is not None
     assert _binlog_position({"ts_sec": 1}, "mariadb") is None
+
+
+def test_the_source_table_is_the_one_the_topic_names_else_the_tables_name(tmp_path):
+    from cdc_assets.catalog import resolve_tables
+
+    tables = {table.name: table for table in resolve_tables(parse_config(f"""\
+kafka: {{bootstrap_servers: '127.0.0.1:9'}}
+delta: {{root: '{tmp_path}'}}
+connectors:
+  - name: shop
+    kind: postgresql
+    topic.prefix: db1.eu
+    tables:
+      - {{name: public.items}}
+      - {{name: public.items_history, topic: db1.eu.public.items, apply_mode: scd2}}
+      - {{name: public.routed, topic: all_shop_changes}}
+"""), list_topics=lambda: [])}
+    # A second Delta table of one topic reads its topic's source table; a routed topic's table is its name.
+    assert [tables[name].source_table for name in ("public.items", "public.items_history", "public.routed")] == [
+        "public.items", "public.items", "public.routed"]
