@@ -4,7 +4,8 @@ pipeline's back. rows_match_source fails naming them; the sensor, ticked on the 
 one incremental snapshot whose additional condition selects exactly the drifted keys in the real database, the
 connector reads those rows alone (its incremental-snapshot events say which), and once they are merged the sensor
 has the check run again: it passes. The table's history reads check failed, snapshot requested, snapshot done,
-check passed; no tick requests anything twice."""
+check passed; no tick requests anything twice. Then the connector is redeployed with a new slot and
+``snapshot.mode: no_data`` after rows changed while it was away: no event shows them, and the check names them."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import psycopg
 import pytest
 from dagster import (
     AssetCheckKey,
+    AssetCheckSeverity,
     AssetKey,
     DagsterInstance,
     RunRequest,
@@ -177,8 +179,34 @@ connectors:
             history = [evaluation.passed for evaluation in _check_history(instance, check)]
             assert history == [True, False, True]
             assert markers.last > 0
+
+            # Drift no event shows: rows changed while the connector was away, which came back with a new slot
+            # and snapshot.mode no_data (a redeployment that neither streams nor re-reads them). The merge has
+            # nothing to apply; the check names exactly those keys.
+            runner.stop()
+            h.drop_replication_slots(dsn)
+            with psycopg.connect(dsn, autocommit=True) as connection:
+                connection.execute("UPDATE items SET v = 'changed while away' WHERE id IN (60, 61)")
+                connection.execute("INSERT INTO items VALUES (301, 'inserted while away', 1)")
+            (tmp_path / "redeployed").mkdir()
+            redeployed = h.DebeziumRunner(broker.bootstrap_servers, [{
+                **properties, "snapshot.mode": "no_data",
+                "offset.storage.file.filename": str(tmp_path / "redeployed" / "offsets.dat")}], tmp_path / "redeployed")
+            redeployed.start()
+            try:
+                redeployed.wait_for_marker(markers.last + 1)  # streaming again, from the new slot
+                run("cdc_merge_job")
+                lost = evaluation(run("shop_rows_match_source_job"))
+                assert not lost.passed and lost.severity == AssetCheckSeverity.ERROR, lost.description
+                ranges = lost.metadata["drifted_ranges"].value
+                assert len(ranges["keys"]) == 3 and ranges["extra_keys"] == 0, ranges
+                assert "(1 key(s) missing, 0 extra, 2 with different values)" in (lost.description or ""), \
+                    lost.description
+            finally:
+                redeployed.stop()
     finally:
         runner.stop()
+        h.drop_replication_slots(dsn)
         os.environ.pop(DSN_ENV, None)
 
 
