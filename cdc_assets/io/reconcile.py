@@ -52,6 +52,7 @@ from cdc_assets.core.reconcile import (
 )
 from cdc_assets.io.delta import DeltaRsWriter, DeltaTarget
 from cdc_assets.io.signals import MySQLAddress, mysql_address, without_secrets
+from cdc_assets.io.storage import spark_path
 
 
 class ReconcileError(RuntimeError):
@@ -268,7 +269,8 @@ class DeltaSide:
 
     def __init__(self, spark: SparkSession, path: str, mode: ApplyMode,
                  recorded: Callable[[], str | None] | None = None):
-        self._spark, self._path, self.mode, self._recorded = spark, path, mode, recorded
+        # Spark opens an object store's path by its Hadoop name (s3:// as s3a://).
+        self._spark, self._path, self.mode, self._recorded = spark, spark_path(path), mode, recorded
         self.view = f"rows_match_source_{uuid.uuid4().hex}"
 
     def schema(self) -> T.StructType:
