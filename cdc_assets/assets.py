@@ -37,6 +37,7 @@ from cdc_assets.io.kafka import KafkaSource, SourceError
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.merge import BatchReport, FirstBatch, MergeFailed, merge_concurrently, merge_micro_batches
 from cdc_assets.merge.quiet import TableState
+from cdc_assets.merge.report import offsets_metadata
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator, dagster_name
 
@@ -136,7 +137,8 @@ def caught_up_metadata(table: CapturedTable, caught_up: TableState) -> dict[str,
     """Materialization metadata of a table with nothing new in a run (``merge.quiet``): no batch, no event
     read, offsets where its latest commit left them (its topic's end), caught up; and its column schema."""
     assert caught_up.progress is not None  # caught up: its latest batch commit recorded its topic's end
-    offsets = {str(p): {"from": o, "to": o, "high_watermark": o} for p, o in sorted(caught_up.progress.offsets.items())}
+    committed = caught_up.progress.offsets
+    offsets = offsets_metadata(committed, committed, committed, committed)
     metadata: dict[str, Any] = {
         "batches": 0, "events_read": 0, "tombstones_skipped": 0, "dead_lettered_events": 0,
         "offsets": MetadataValue.json(offsets),

@@ -102,8 +102,14 @@ def pending_tables(tables: Mapping[AssetKey, CapturedTable], instance: DagsterIn
 
 
 def configured_schedule(name: str, job: JobDefinition | UnresolvedAssetJobDefinition,
-                        schedule: MergeScheduleConfig) -> ScheduleDefinition:
-    """A schedule of ``job`` as a config section gives it: cron, time zone, running or stopped."""
+                        schedule: MergeScheduleConfig, checks: Sequence[AssetCheckKey] | None = None
+                        ) -> ScheduleDefinition:
+    """A schedule of ``job`` as a config section gives it: cron, time zone, running or stopped; ``checks``: its
+    runs are of those checks of the job alone."""
+    def checks_alone(context: ScheduleEvaluationContext) -> RunRequest:
+        return RunRequest(asset_check_keys=checks)
+
     return ScheduleDefinition(
         name=name, job=job, cron_schedule=schedule.cron, execution_timezone=schedule.timezone,
-        default_status=DefaultScheduleStatus.RUNNING if schedule.running else DefaultScheduleStatus.STOPPED)
+        default_status=DefaultScheduleStatus.RUNNING if schedule.running else DefaultScheduleStatus.STOPPED,
+        execution_fn=checks_alone if checks is not None else None)

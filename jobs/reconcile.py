@@ -9,20 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from dagster import (
-    AssetCheckKey,
-    AssetSelection,
-    DefaultScheduleStatus,
-    RunRequest,
-    ScheduleDefinition,
-    ScheduleEvaluationContext,
-    define_asset_job,
-    in_process_executor,
-    schedule,
-)
+from dagster import AssetCheckKey, AssetSelection, ScheduleDefinition, define_asset_job, in_process_executor
 
 from cdc_assets.config import ConnectorConfig, MergeScheduleConfig
 from cdc_assets.translator import dagster_name
+from jobs.merge import configured_schedule
 
 if TYPE_CHECKING:  # what define_asset_job returns; Dagster does not export its name
     from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
@@ -40,24 +31,11 @@ def build_rows_match_source_job(connector: ConnectorConfig, check_keys: Mapping[
                                        "(rows_match_source).")
     own = {table.name: table.rows_match_source for table in connector.tables
            if table.rows_match_source is not None and table.name in check_keys}
-    schedules = [_checks_schedule(f"{dagster_name(connector.name)}_{dagster_name(table)}_rows_match_source_schedule",
-                                  job, settings, [check_keys[table]]) for table, settings in own.items()]
+    schedules = [configured_schedule(f"{dagster_name(connector.name)}_{dagster_name(table)}_rows_match_source_schedule",
+                                     job, settings, [check_keys[table]]) for table, settings in own.items()]
     settings = connector.rows_match_source
     rest = [key for table, key in check_keys.items() if table not in own]
     if settings is not None and settings.cron is not None and rest:
-        schedules.append(_checks_schedule(f"{name}_schedule", job, MergeScheduleConfig(
+        schedules.append(configured_schedule(f"{name}_schedule", job, MergeScheduleConfig(
             cron=settings.cron, running=settings.running, timezone=settings.timezone), rest))
     return job, schedules
-
-
-def _checks_schedule(name: str, job: UnresolvedAssetJobDefinition, settings: MergeScheduleConfig,
-                     keys: list[AssetCheckKey]) -> ScheduleDefinition:
-    """A schedule of ``job`` that runs the checks ``keys`` of it, as ``settings`` give it."""
-    status = DefaultScheduleStatus.RUNNING if settings.running else DefaultScheduleStatus.STOPPED
-
-    @schedule(name=name, job=job, cron_schedule=settings.cron, execution_timezone=settings.timezone,
-              default_status=status)
-    def _checks(context: ScheduleEvaluationContext) -> RunRequest:
-        return RunRequest(asset_check_keys=keys)
-
-    return _checks

@@ -4,7 +4,7 @@ committed."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -75,13 +75,19 @@ class BatchReport:
     def offsets(self, since: Mapping[int, int] | None = None) -> dict[str, dict[str, int]]:
         """``{partition: {from, to, high_watermark}}``, from ``since`` (an earlier batch's start
         offsets) where it names the partition, else from this batch's start."""
-        start = {**self.raw.start_offsets, **(since or {})}
-        return {str(p): {"from": start[p], "to": self.raw.end_offsets[p], "high_watermark": self.raw.high_watermarks[p]}
-                for p in sorted(self.raw.start_offsets)}
+        return offsets_metadata({**self.raw.start_offsets, **(since or {})}, self.raw.end_offsets,
+                                self.raw.high_watermarks, self.raw.start_offsets)
 
     def offsets_json(self) -> str:
         """``offsets()`` as JSON."""
         return json.dumps(self.offsets())
+
+
+def offsets_metadata(start: Mapping[int, int], end: Mapping[int, int], high: Mapping[int, int],
+                     partitions: Iterable[int]) -> dict[str, dict[str, int]]:
+    """A run's ``offsets`` metadata of a table, ``{partition: {from, to, high_watermark}}`` for ``partitions``
+    (``topics.recorded_ends`` reads its ``to`` back)."""
+    return {str(p): {"from": start[p], "to": end[p], "high_watermark": high[p]} for p in sorted(partitions)}
 
 
 def _seconds_since(moment: datetime | None) -> float | None:
