@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -103,11 +104,17 @@ def jit_cpu(pid: int) -> float:
 
 
 def process_cpu(pid: int) -> float:
-    """CPU seconds so far of process ``pid`` and its descendants (0 where it has ended)."""
+    """CPU seconds so far of process ``pid`` and its descendants (0 where it has ended), those that have
+    ended and been waited for included: a JVM's Python workers come and go during a measurement."""
     with contextlib.suppress(psutil.Error):
         root = psutil.Process(pid)
-        return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+        return sum(_with_ended_children(p.cpu_times()) for p in [root, *root.children(recursive=True)])
     return 0.0
+
+
+def _with_ended_children(times: Any) -> float:
+    """User and system seconds of a process and of its children that ended (``psutil``'s ``cpu_times``)."""
+    return float(times.user + times.system + times.children_user + times.children_system)
 
 
 def run_cpu() -> float:

@@ -29,8 +29,10 @@ def main() -> None:
     parser.add_argument("--merges", type=int, default=5, help="MERGEs per variant and round")
     args = parser.parse_args()
     settings = spark_config()
-    spark = connect(ensure_local_server(settings))
-    servers = [state["pid"] for _, state in running_servers()]
+    url = ensure_local_server(settings)
+    spark = connect(url)
+    # Only this run's server: another local server (a test worker's) may stop meanwhile and take its CPU along.
+    servers = [state["pid"] for _, state in running_servers() if url.endswith(f":{state['port']}")]
     root = tempfile.mkdtemp(prefix="cdc-small-merges-")
     variants = {"defaults": settings[SNAPSHOT_PARTITIONS], "reference": None}
     totals = {name: [0.0, 0.0] for name in variants}

@@ -39,6 +39,9 @@ class DeltaSparkWriter(WriterBase):
                 "jars, or run on a cluster that has Delta); use writer 'delta-rs' or 'auto' otherwise")
         self._spark = spark
         self._deletion_vectors = deletion_vectors
+        # The recent history ``read_progress`` last read of each table, taken by the table's next ``merge``: a
+        # batch reads its progress and then merges, and each look at the history is a Spark job (~0.25 s).
+        self._looked: dict[str, list[dict[str, object]]] = {}
 
     def _table_ref(self, target: DeltaTarget) -> str:
         return f"delta.{quote_spark(spark_path(target.path))}"
@@ -66,6 +69,7 @@ class DeltaSparkWriter(WriterBase):
         history = self._history(target, HISTORY_WINDOW)
         if history is None:
             return None
+        self._looked[target.path] = history
         return self._progress_in(target, history, app_id)
 
     def _progress_in(self, target: DeltaTarget, recent: list[dict[str, object]], app_id: str) -> TableProgress | None:
@@ -77,8 +81,10 @@ class DeltaSparkWriter(WriterBase):
         # Spark infers no schema from an empty table (a first batch whose every event was dead-lettered).
         batch = self._spark.createDataFrame(rows) if rows.num_rows else self._spark.createDataFrame(
             [], from_arrow_schema(rows.schema))
-        # One look at the recent history tells existence, version and progress: each look is a Spark query.
-        recent = self._history(target, HISTORY_WINDOW)
+        # One look at the recent history tells existence, version and progress: each look is a Spark query. The
+        # batch's own look (``read_progress``) serves: a commit that lands after it is one the MERGE's txn settings
+        # see (Delta skips a txn version the table holds), and ``_merged`` sees the version move.
+        recent = self._looked.pop(target.path, None) or self._history(target, HISTORY_WINDOW)
         changed = recent is None
         if recent is None:
             self._create(target, table_schema_of(rows), {})
