@@ -17,6 +17,7 @@ from cdc_assets.demo.events import Record
 from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaWriter
 from cdc_assets.io.spark import DELTA_JARS_ENV_VAR, delta_jars_dir, has_delta, spark_config, spark_records
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, disconnect, ensure_local_server, stop_all
+from tests.support import timing
 
 # The private servers' modules import packages that only scripts/setup-tests installs (boto3) or clients the fast
 # tier never needs (psycopg, pymysql): each fixture imports its own, so that tests/fast runs after scripts/setup alone.
@@ -63,8 +64,6 @@ SLOW_MODULES_FIRST = (
 
 def pytest_configure(config: pytest.Config) -> None:
     """Print where the suite's time went (tests/support/timing.py) after the run."""
-    from tests.support import timing
-
     timing.register(config)
 
 
@@ -130,6 +129,7 @@ def local_spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     previous = os.environ.get(SERVER_DIR_ENV_VAR)
     os.environ[SERVER_DIR_ENV_VAR] = str(tmp_path_factory.mktemp("spark-servers"))
     yield
+    timing.record_spark_servers()
     stop_all()
     if previous is None:
         os.environ.pop(SERVER_DIR_ENV_VAR)

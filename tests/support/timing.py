@@ -7,13 +7,18 @@ says whether another worker could help: with both cores busy, it would only slow
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# Where each test process records the CPU its local Spark servers used (``record_spark_servers``), for the summary.
+SPARK_CPU_ENV_VAR = "CDC_TEST_SPARK_CPU_FILE"
 
 
 class SuiteTiming:
@@ -49,11 +54,17 @@ class SuiteTiming:
         for worker, seconds in sorted(self.by_worker.items()):
             write(f"worker {worker}: {seconds:8.1f} s")
         (wall_started, (busy_started, idle_started)), (busy, idle) = self.started, _cpu_ticks()
+        busy_cpu = (busy - busy_started) / _TICKS
         if busy + idle > busy_started + idle_started:
             share = (busy - busy_started) / (busy + idle - busy_started - idle_started)
             write(f"cores busy: {share:.0%} of {os.cpu_count()} over {time.monotonic() - wall_started:.0f} s")
         for folder, seconds in sorted(by_folder.items(), key=lambda item: -item[1]):
             write(f"{folder:40s} {tests_by_folder[folder]:4d} tests {seconds:8.1f} s")
+        spark = _spark_servers_cpu()
+        if spark is not None:
+            servers, cpu, jit = spark
+            write(f"local Spark servers at the end: {servers}, {cpu:.0f} CPU s ({cpu / (busy_cpu or cpu):.0%} of the "
+                  f"machine's), of which their JIT compilers {jit:.0f} s")
         write("slowest modules:")
         for module, seconds in sorted(self.by_module.items(), key=lambda item: -item[1])[:20]:
             write(f"  {module:60s} {len(self.tests_by_module[module]):3d} tests {seconds:8.1f} s")
@@ -69,7 +80,39 @@ def _cpu_ticks() -> tuple[int, int]:
     return sum(fields[:8]) - idle, idle
 
 
+def record_spark_servers() -> None:
+    """Append the CPU seconds (and their JIT compilers') of this test process's running local Spark servers to the
+    summary's file: called before the servers stop, so a server that stopped itself earlier is not counted."""
+    from benchmarks.measure import jit_cpu, process_cpu
+    from cdc_assets.io.spark_server import running_servers
+
+    where = os.environ.get(SPARK_CPU_ENV_VAR)
+    if not where:
+        return
+    with open(where, "a") as out:
+        for _, state in running_servers():
+            out.write(json.dumps({"cpu": process_cpu(state["pid"]), "jit": jit_cpu(state["pid"])}) + "\n")
+
+
+def _spark_servers_cpu() -> tuple[int, float, float] | None:
+    """The number of servers recorded, their CPU seconds and their JIT compilers'; None where none was."""
+    where = os.environ.get(SPARK_CPU_ENV_VAR)
+    if not where or not os.path.exists(where):
+        return None
+    entries = [json.loads(line) for line in Path(where).read_text().splitlines() if line.strip()]
+    if not entries:
+        return None
+    return len(entries), sum(e["cpu"] for e in entries), sum(e["jit"] for e in entries)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
 def register(config: pytest.Config) -> None:
-    """Add the summary in the process that reports (not in xdist's workers)."""
+    """Add the summary in the process that reports (not in xdist's workers), and name the file where the test
+    processes (xdist's workers inherit the environment) record their Spark servers' CPU."""
     if not hasattr(config, "workerinput"):
+        handle, path = tempfile.mkstemp(prefix="cdc-test-spark-cpu-", suffix=".jsonl")
+        os.close(handle)
+        os.environ[SPARK_CPU_ENV_VAR] = path
         config.pluginmanager.register(SuiteTiming(), "cdc-suite-timing")
