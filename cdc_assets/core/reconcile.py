@@ -17,7 +17,7 @@ Each column is written as a canonical text chosen by its Delta type (the type th
 | bigint and other integers | decimal digits                                                  |
 | boolean        | ``true`` / ``false``                                                        |
 | decimal (or the string of a wider numeric) | the exact decimal, trailing fractional zeros removed |
-| double         | 15 significant digits in scientific notation (PostgreSQL's ``real``: its shortest text's) |
+| double         | the exact binary value in Java's hexadecimal notation (``0x1.8p1``; PostgreSQL's ``real``: its shortest text's) |
 | date           | ``YYYY-MM-DD``                                                              |
 | timestamp_ntz  | ``YYYY-MM-DD HH:MM:SS.ffffff`` (the wall clock)                             |
 | timestamp      | microseconds since the epoch (the instant, whatever the session's zone)     |
@@ -129,6 +129,32 @@ def _strip_zeros(text: str, dialect: Dialect) -> str:
     return f"regexp_replace({inner}, '{escape}.0+$', '')"
 
 
+# A double's canonical text is its exact binary value, never a decimal rounding of it: Java's formatter rounds
+# the decimal digits Double.toString chose (half up), C's printf the binary value, and the two differ by one in
+# the last digit for about one double in 30 (3129881278.388425: 3.12988127838843e+09 and 3.12988127838842e+09).
+_ZERO_HEX = "0x0.0p0"
+
+
+def _double_spark(c: str) -> str:
+    """A Spark double's ``Double.toHexString`` (``format_string``'s ``%a``), both zeros ``0x0.0p0``, null null
+    (``format_string`` would write the text ``null``)."""
+    return f"CASE WHEN {c} IS NULL THEN NULL WHEN {c} = 0 THEN '{_ZERO_HEX}' ELSE format_string('%a', {c}) END"
+
+
+def _double_postgresql(number: str) -> str:
+    """A PostgreSQL float8's ``Double.toHexString`` from its IEEE 754 bits (``float8send``): sign, ``0x1.`` and the
+    52-bit fraction's hexadecimal digits without trailing zeros (``0x0.`` and exponent -1022 for a subnormal),
+    ``p`` and the unbiased exponent; NaN and the infinities as Java writes them."""
+    bits = f"encode(float8send({number}), 'hex')"
+    exponent = f"(('x' || left({bits}, 3))::bit(12)::int & 2047)"
+    fraction = f"rtrim(right({bits}, 13), '0')"
+    return (f"CASE WHEN {number} IS NULL THEN NULL WHEN {number} IN ('NaN', 'Infinity', '-Infinity') THEN {number}::text "
+            f"WHEN {number} = 0 THEN '{_ZERO_HEX}' "
+            f"ELSE CASE WHEN {number} < 0 THEN '-' ELSE '' END || CASE WHEN {exponent} = 0 "
+            f"THEN '0x0.' || {fraction} || 'p-1022' "
+            f"ELSE '0x1.' || coalesce(nullif({fraction}, ''), '0') || 'p' || ({exponent} - 1023)::text END END")
+
+
 def value_text(column: ComparedColumn, dialect: Dialect) -> str:
     """The SQL of ``column``'s canonical text in ``dialect`` (null for a null value)."""
     c = quote(column.name, dialect)
@@ -137,7 +163,7 @@ def value_text(column: ComparedColumn, dialect: Dialect) -> str:
         return {
             "integer": f"CAST({c} AS STRING)", "boolean": f"CAST({c} AS STRING)",
             "decimal": _strip_zeros(f"CAST({c} AS STRING)", dialect),
-            "double": f"format_string('%.14e', {c})",
+            "double": _double_spark(c),
             "date": f"date_format({c}, 'yyyy-MM-dd')",
             "wall_time": f"date_format({c}, 'yyyy-MM-dd HH:mm:ss.SSSSSS')",
             "instant": f"CAST(unix_micros({c}) AS STRING)",
@@ -149,9 +175,7 @@ def value_text(column: ComparedColumn, dialect: Dialect) -> str:
         return {
             "integer": f"{c}::text", "boolean": f"{c}::text",
             "decimal": _strip_zeros(f"{c}::numeric::text", dialect),
-            # NaN and the infinities print as Java's formatter writes them.
-            "double": f"CASE WHEN {number} IN ('NaN', 'Infinity', '-Infinity') THEN {number}::text "
-                      f"ELSE ltrim(to_char({number}, '9.99999999999999EEEE')) END",
+            "double": _double_postgresql(number),
             "date": f"to_char({c}, 'YYYY-MM-DD')",
             "wall_time": f"to_char({c}, 'YYYY-MM-DD HH24:MI:SS.US')",
             "instant": f"(extract(epoch from {c}) * 1000000)::numeric(30, 0)::text",
