@@ -17,7 +17,7 @@ Each column is written as a canonical text chosen by its Delta type (the type th
 | bigint and other integers | decimal digits                                                  |
 | boolean        | ``true`` / ``false``                                                        |
 | decimal (or the string of a wider numeric) | the exact decimal, trailing fractional zeros removed |
-| double         | the exact binary value in Java's hexadecimal notation (``0x1.8p1``; PostgreSQL's ``real``: its shortest text's) |
+| double         | its exact binary value as Java's ``Double.toHexString`` (``0x1.8p1``; zero ``0x0.0p0``) |
 | date           | ``YYYY-MM-DD``                                                              |
 | timestamp_ntz  | ``YYYY-MM-DD HH:MM:SS.ffffff`` (the wall clock)                             |
 | timestamp      | microseconds since the epoch (the instant, whatever the session's zone)     |
@@ -25,6 +25,7 @@ Each column is written as a canonical text chosen by its Delta type (the type th
 | string of a source ``time`` | ``HH:MM:SS.ffffff``                                            |
 | other strings (text, JSON, UUID, enums) | the text as is                                     |
 
+PostgreSQL's ``real`` is compared as the double of its shortest text, which is what Debezium sends.
 A null is ``~``, any other value its length, ``:`` and its text, so no two rows run together alike.
 A column with no rule here (structs, arrays, doubles on MariaDB) is left out of the comparison, and named.
 """
@@ -148,7 +149,8 @@ def _double_postgresql(number: str) -> str:
     bits = f"encode(float8send({number}), 'hex')"
     exponent = f"(('x' || left({bits}, 3))::bit(12)::int & 2047)"
     fraction = f"rtrim(right({bits}, 13), '0')"
-    return (f"CASE WHEN {number} IS NULL THEN NULL WHEN {number} IN ('NaN', 'Infinity', '-Infinity') THEN {number}::text "
+    return (f"CASE WHEN {number} IS NULL THEN NULL "
+            f"WHEN {number} IN ('NaN', 'Infinity', '-Infinity') THEN {number}::text "
             f"WHEN {number} = 0 THEN '{_ZERO_HEX}' "
             f"ELSE CASE WHEN {number} < 0 THEN '-' ELSE '' END || CASE WHEN {exponent} = 0 "
             f"THEN '0x0.' || {fraction} || 'p-1022' "

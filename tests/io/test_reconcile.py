@@ -255,7 +255,8 @@ def _tricky_rows() -> list[tuple[Any, ...]]:
     rows: list[tuple[Any, ...]] = []
     for i in range(300):
         rows.append((i, rng.randint(0, 9), rng.random() < 0.5, None if i % 10 == 0 else _random_text(rng, i % 30),
-                     Decimal(rng.randint(-10**12, 10**12)).scaleb(-4), Decimal(rng.randint(-10**20, 10**20)).scaleb(-18),
+                     Decimal(rng.randint(-10**12, 10**12)).scaleb(-4),
+                     Decimal(rng.randint(-10**20, 10**20)).scaleb(-18),
                      rng.uniform(-1e9, 1e9) * rng.choice([1, 2, 4]), rng.uniform(-1e6, 1e6),
                      dt.date(1969, 12, 31) + dt.timedelta(days=rng.randint(-40000, 40000)),
                      dt.datetime(1969, 7, 20) + dt.timedelta(microseconds=rng.getrandbits(50)),
@@ -287,8 +288,8 @@ def test_each_canonical_text_reads_alike_in_postgresql_and_spark(postgres: Any, 
                            f"{', '.join(f'{n} {t}' for n, (t, _) in TRICKY_COLUMNS.items())})")
         with connection.cursor() as cursor:
             cursor.executemany(f"INSERT INTO tricky VALUES ({', '.join(['%s'] * (len(names) + 1))})", _tricky_rows())
-        source_types = dict(connection.execute("SELECT column_name, data_type FROM information_schema.columns "
-                                               "WHERE table_name = 'tricky'").fetchall())
+        source_types: dict[str, str] = dict(connection.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'tricky'").fetchall())
         # The values as the source holds them are what Debezium sends (a real: its shortest text's double).
         stored = connection.execute(f"SELECT id, {', '.join(names)} FROM tricky").fetchall()
         columns = [ComparedColumn(n, canonical, source_types[n]) for n, (_, delta_type) in TRICKY_COLUMNS.items()
@@ -313,5 +314,5 @@ def test_each_canonical_text_reads_alike_in_postgresql_and_spark(postgres: Any, 
     assert in_spark.keys() == in_postgresql.keys() and len(in_spark) == 300 + len(EDGE_DOUBLES)
     differing = [(name, i, in_postgresql[i][k], in_spark[i][k]) for i in sorted(in_spark)
                  for k, name in enumerate(names) if in_postgresql[i][k] != in_spark[i][k]]
-    assert differing == [], f"{len(differing)} values read differently (column, id, PostgreSQL, Spark): {differing[:10]}"
+    assert differing == [], f"{len(differing)} differ (column, id, PostgreSQL's text, Spark's): {differing[:10]}"
     assert in_spark[1000][names.index("score")] == "0x1.751c657cc6dfap31"  # the exact binary value, no rounding
