@@ -27,7 +27,7 @@ Each column is written as a canonical text chosen by its Delta type (the type th
 
 PostgreSQL's ``real`` is compared as the double of its shortest text, which is what Debezium sends.
 A null is ``~``, any other value its length, ``:`` and its text, so no two rows run together alike.
-A column with no rule here (structs, arrays, doubles on MariaDB) is left out of the comparison, and named.
+A column with no rule here (structs, arrays, MariaDB's FLOAT) is left out of the comparison, and named.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def canonical_of(delta_type: T.DataType, source_type: str, dialect: Dialect) -> 
     if isinstance(delta_type, T.DecimalType):
         return "decimal"
     if isinstance(delta_type, (T.DoubleType, T.FloatType)):
-        return "double" if dialect == "postgresql" else None  # MariaDB has no scientific-notation formatting
+        # MariaDB's FLOAT arrives as the shortest text of its 32-bit value, which MariaDB cannot write.
+        return "double" if dialect == "postgresql" or source == "double" else None
     if isinstance(delta_type, T.DateType):
         return "date"
     if isinstance(delta_type, T.TimestampNTZType):
@@ -157,6 +158,26 @@ def _double_postgresql(number: str) -> str:
             f"ELSE '0x1.' || coalesce(nullif({fraction}, ''), '0') || 'p' || ({exponent} - 1023)::text END END")
 
 
+def _double_mysql(c: str) -> str:
+    """A MariaDB/MySQL double's ``Double.toHexString`` computed exactly (neither has its bits or ``%a``): the
+    exponent from ``LOG2`` corrected by powers of two, the 52-bit fraction as the integer ``(|c| / 2^e - 1) * 2^52``
+    (a subnormal's as ``|c| * 2^1074``); each step is exact in doubles."""
+    a = f"ABS({c})"
+    # LOG2 rounds: the exponent is its floor or one beside it (kept in -1074..1023, as 2^1024 is out of range).
+    guess = f"LEAST(1023, GREATEST(-1074, FLOOR(LOG2({a}))))"
+    exponent = (f"CAST({guess} + CASE WHEN {a} / 2 >= POW(2, {guess}) THEN 1 WHEN {a} < POW(2, {guess}) THEN -1 "
+                f"ELSE 0 END AS SIGNED)")
+
+    def digits(fraction: str) -> str:
+        return f"TRIM(TRAILING '0' FROM LOWER(LPAD(HEX(CAST({fraction} AS UNSIGNED)), 13, '0')))"
+
+    normal = f"COALESCE(NULLIF({digits(f'({a} / POW(2, {exponent}) - 1) * 4503599627370496')}, ''), '0')"
+    subnormal = digits(f"{a} * POW(2, 1022) * 4503599627370496")
+    return (f"CASE WHEN {c} IS NULL THEN NULL WHEN {c} = 0 THEN '{_ZERO_HEX}' ELSE CONCAT(IF({c} < 0, '-', ''), "
+            f"IF({a} < POW(2, -1022), CONCAT('0x0.', {subnormal}, 'p-1022'), "
+            f"CONCAT('0x1.', {normal}, 'p', {exponent}))) END")
+
+
 def value_text(column: ComparedColumn, dialect: Dialect) -> str:
     """The SQL of ``column``'s canonical text in ``dialect`` (null for a null value)."""
     c = quote(column.name, dialect)
@@ -187,6 +208,7 @@ def value_text(column: ComparedColumn, dialect: Dialect) -> str:
     return {
         "integer": f"CAST({c} AS CHAR)", "boolean": f"CAST({c} AS CHAR)",
         "decimal": _strip_zeros(f"CAST({c} AS CHAR)", dialect),
+        "double": _double_mysql(c),
         "date": f"DATE_FORMAT({c}, '%Y-%m-%d')",
         "wall_time": f"DATE_FORMAT({c}, '%Y-%m-%d %H:%i:%s.%f')",
         # The session's time zone is UTC (io.reconcile), so the epoch seconds are the instant's.

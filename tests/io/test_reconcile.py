@@ -20,7 +20,7 @@ from pyspark.sql import types as T
 
 from cdc_assets.core.reconcile import ComparedColumn, Dialect, canonical_of, value_text
 from cdc_assets.io.reconcile import DeltaSide, PostgresSource, Reconciliation, committed_position_reached
-from tests.support.reconcile import DELTA_SCHEMA, World, delta_row, source_row
+from tests.support.reconcile import DELTA_SCHEMA, EDGE_DOUBLES, World, delta_row, source_row
 from tests.support.workloads import _random_text
 
 
@@ -242,10 +242,6 @@ TRICKY_COLUMNS: dict[str, tuple[str, T.DataType]] = {
     "seen": ("timestamp", T.TimestampNTZType()), "at": ("timestamp with time zone", T.TimestampType()),
     "data": ("bytea", T.BinaryType()), "clock": ("time", T.StringType()),
 }
-EDGE_DOUBLES = [
-    3129881278.388425, -522495456.7057565, 317084838.0897875,  # Java's %.14e and C's round these apart
-    0.0, -0.0, 5e-324, 1e-320, 2.2250738585072014e-308, 1.7976931348623157e308, -1.7976931348623157e308,
-    float("nan"), float("inf"), float("-inf"), 1.0, -2.5, 0.1, 1e23, 2.82879384806159e17, None]
 
 
 def _tricky_rows() -> list[tuple[Any, ...]]:
