@@ -66,6 +66,7 @@ from cdc_assets.io.reconcile import (
     recorded_position,
 )
 from cdc_assets.io.registry import read_registry
+from cdc_assets.io.storage import StorageConfigError
 from cdc_assets.io.transactions import latest_watermark
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.translator import CdcTranslator
@@ -458,8 +459,9 @@ def evaluate_rows_match_source(table: CapturedTable, key: AssetKey, spark: Spark
     connector = (ConnectOffsets(connect_url, settings.kafka_connect_connector or table.connector, table.kind)
                  if connect_url is not None else None)
     try:
+        session = spark.delta_reading_session
         source = open_source(table.kind, dsn, connector)
-        delta = DeltaSide(spark.spark_session, table.target.path, apply_mode(table.apply_mode, table.kind),
+        delta = DeltaSide(session, table.target.path, apply_mode(table.apply_mode, table.kind),
                           recorded_position(table.target, table.app_id, writer))
         try:
             with FreshnessProbe(kafka.client_settings()) as probe:
@@ -472,7 +474,7 @@ def evaluate_rows_match_source(table: CapturedTable, key: AssetKey, spark: Spark
         finally:
             delta.close()
             source.close()
-    except (ReconcileError, SourceError) as exc:
+    except (ReconcileError, SourceError, StorageConfigError) as exc:
         return _not_evaluated(key, ROWS_MATCH_SOURCE_CHECK, f"cannot evaluate: {exc}")
     return _rows_match_source_result(table, key, result, settings.sample_keys)
 

@@ -53,6 +53,7 @@ class SparkResource(ConfigurableResource):
     delta_writer: str = Field(default="auto", description="the Delta writer (delta.writer): a session that writes "
                                                            "to object storage gets the store's connector jars")
     _session: SparkSession | None = PrivateAttr(default=None)
+    _reading_session: SparkSession | None = PrivateAttr(default=None)
 
     def as_config(self) -> SparkConfig:
         """Its pipeline config section."""
@@ -62,24 +63,44 @@ class SparkResource(ConfigurableResource):
     def spark_config(self) -> dict[str, str]:
         """The session's full Spark settings (``cdc_assets.io.spark.spark_config``); a run's own JVM maps the
         class archive, the long-lived local server does not."""
+        return self._settings(self.delta_writer)
+
+    def _settings(self, writer: str) -> dict[str, str]:
         spark = self.as_config()
         return spark_config(spark.master, spark.remote, spark.conf, use_class_archive=not spark.uses_local_server,
-                            delta_root=self.delta_root, storage_options=self.storage_options,
-                            writer=self.delta_writer)
+                            delta_root=self.delta_root, storage_options=self.storage_options, writer=writer)
 
     @property
     def spark_session(self) -> SparkSession:
         """The session, made on first use."""
         if self._session is None:
-            spark = self.as_config()
-            self._session = (connect(ensure_local_server(self.spark_config, spark.local_server_idle_timeout_s))
-                             if spark.uses_local_server else new_session(self.spark_config))
+            self._session = self._new_session(self.spark_config)
         return self._session
 
+    @property
+    def delta_reading_session(self) -> SparkSession:
+        """A session that reads the Delta tables in Spark where they live (``rows_match_source``): the run's
+        ``spark_session`` when it has the store's connector, else one of its own with the connector's jars (on
+        the local server, a server for those settings): delta-rs writing to S3 or ADLS leaves them out of the
+        run's session, the AWS SDK bundle being a large jar. ``StorageConfigError`` when they are not installed."""
+        settings = self._settings("delta-spark")
+        if settings == self.spark_config:
+            return self.spark_session
+        if self._reading_session is None:
+            self._reading_session = self._new_session(settings)
+        return self._reading_session
+
+    def _new_session(self, settings: dict[str, str]) -> SparkSession:
+        spark = self.as_config()
+        return (connect(ensure_local_server(settings, spark.local_server_idle_timeout_s))
+                if spark.uses_local_server else new_session(settings))
+
     def teardown_after_execution(self, context: InitResourceContext) -> None:
-        if self.as_config().uses_local_server and self._session is not None:
-            disconnect(self._session)  # this run's part only: the server stays up, warm
-        self._session = None
+        if self.as_config().uses_local_server:
+            for session in (self._session, self._reading_session):
+                if session is not None:
+                    disconnect(session)  # this run's part only: the server stays up, warm
+        self._session = self._reading_session = None
 
 
 class MissingSecretError(RuntimeError):

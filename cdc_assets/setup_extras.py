@@ -5,7 +5,7 @@ The base (Delta's jars, Apache Kafka's) serves the demo and any pipeline on loca
 its ADLS connector, Spark's Kafka connector (the benchmarks' plain-Spark references only). ``scripts/setup``
 fetches those named in ``$CDC_SETUP_EXTRAS`` (comma-separated, or ``all``), and the object-store connector the
 config in use needs: the one of its ``delta.root``'s store when Spark writes the tables there
-(``spark.spark_writes_delta``). ``scripts/setup-tests`` fetches them all.
+(``spark.spark_writes_delta``) or reads them there (``rows_match_source``). ``scripts/setup-tests`` fetches them all.
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ def requested_extras(requested: str) -> list[str]:
 
 def config_extras(config: PipelineConfig) -> list[str]:
     """The object-store connector ``config`` needs: its ``delta.root``'s store's, when that is S3 or ADLS and a
-    session of this installation writes the tables with delta-spark (a Spark Connect server brings its own)."""
+    session of this installation writes the tables with delta-spark or reads them for ``rows_match_source`` (a
+    Spark Connect server brings its own)."""
     store = store_of(config.delta.root)
     writes = spark_writes_delta(config.delta.writer, config.spark.master, config.spark.remote)
-    return [store] if store in ("s3", "azure") and writes and not config.spark.remote else []
+    reads = any(connector.rows_match_source is not None for connector in config.connectors)
+    return [store] if store in ("s3", "azure") and (writes or reads) and not config.spark.remote else []
 
 
 def setup_extras(requested: str, config: PipelineConfig | None) -> list[str]:

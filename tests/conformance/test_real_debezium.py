@@ -78,6 +78,8 @@ class World:
     marker: int = 0
     snapshot_notifications: list[dict[str, Any]] = field(default_factory=list)
     merged: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    midstream_checks: dict[str, tuple[bool, str]] = field(default_factory=dict)
+    checked: dict[str, dict[str, tuple[bool, str]]] = field(default_factory=dict)
 
     def config(self, connector: str, tables: str, extra: str = "", writer: str = "delta-rs", root: str = "",
                storage_options: dict[str, str] | None = None) -> str:
@@ -227,6 +229,7 @@ def world(broker: Any, postgres: Any, tmp_path_factory: pytest.TempPathFactory) 
             _marker(connection, world)
             world.midstream_failures = world.merge("p", _p_tables(world))
             world.merged.clear()
+            world.midstream_checks = rows_match_source(world.config("p", _rnd_tables(world), ROWS_MATCH_SOURCE))
 
             # Phase 2: Debezium stopped mid-stream, writes while it is down, restarted from its offset files.
             # (A hard kill is test_postgres_connect's: Connect's offset topic survives one, a file store
@@ -280,6 +283,29 @@ P_TABLES = """\
 
 def _p_tables(world: World) -> str:
     return P_TABLES.replace("TOPIC_", f"{world.prefixes['p']}.public.")
+
+
+RND_TABLES = """\
+      - {name: public.rnd}
+      - {name: public.rnd_soft, topic: TOPIC_rnd, path: p/rnd_soft, apply_mode: soft_delete}
+      - {name: public.rnd_scd2, topic: TOPIC_rnd, path: p/rnd_scd2, apply_mode: scd2}
+"""
+ROWS_MATCH_SOURCE = f"    rows_match_source: {{dsn_env: {SIGNAL_DSN_ENV}, buckets: 16, settle_timeout_s: 30}}\n"
+
+
+def _rnd_tables(world: World) -> str:
+    return RND_TABLES.replace("TOPIC_", f"{world.prefixes['p']}.public.")
+
+
+def rows_match_source(config: str) -> dict[str, tuple[bool, str]]:
+    """The ``rows_match_source`` verdicts of the config's tables (the ``p`` connector's check job, the source's
+    DSN in ``SIGNAL_DSN_ENV``), by table: passed, and the check's description."""
+    result = h.run_job(config, "p_rows_match_source_job")
+    assert result.success, h.failures(result)
+    found = {str(e.description).split(":")[0]: (e.passed, str(e.description))
+             for e in result.get_asset_check_evaluations()}
+    assert set(found) == {"public.rnd", "public.rnd_soft", "public.rnd_scd2"}, found
+    return found
 
 
 # --- the oracle's view of each table and how each side is normalised ---
@@ -400,25 +426,27 @@ def test_replica_identity_full_message_key_columns_and_truncate(world):
 
 
 @pytest.mark.parametrize("apply_mode", ["scd1", "soft_delete", "scd2"])
-def test_random_workload_with_key_changes_and_a_restart_in_every_apply_mode(world, apply_mode):
+def test_random_workload_with_key_changes_and_a_restart_in_every_apply_mode(world, apply_mode, monkeypatch):
     """Seeded random inserts, updates, deletes and primary-key changes, merged once mid-stream, with
-    Debezium stopped and restarted (it resumes from its offsets)."""
+    Debezium stopped and restarted (it resumes from its offsets). rows_match_source, run mid-stream after the
+    merge and at the end, finds no drift (its checksums of each side's SQL agree where the rows do)."""
     failed = world.merge("p", _p_tables(world))
     assert not world.midstream_failures and not failed, world.midstream_failures + failed
     path = {"scd1": world.path("p", "rnd"), "soft_delete": world.root / "delta-rs" / "p" / "rnd_soft",
             "scd2": world.root / "delta-rs" / "p" / "rnd_scd2"}[apply_mode]
     _assert_equal(world, "p", "rnd", "SELECT * FROM rnd", h.RND_EXPECTED, h.RND_ACTUAL, apply_mode=apply_mode,
                   path=path)
+    table = {"scd1": "public.rnd", "soft_delete": "public.rnd_soft", "scd2": "public.rnd_scd2"}[apply_mode]
+    assert world.midstream_checks[table][0], world.midstream_checks[table][1]
+    if "local" not in world.checked:  # one check run for the three tables
+        monkeypatch.setenv(SIGNAL_DSN_ENV, world.dsn)
+        world.checked["local"] = rows_match_source(world.config("p", _rnd_tables(world), ROWS_MATCH_SOURCE))
+    assert world.checked["local"][table][0], world.checked["local"][table][1]
     if apply_mode == "scd2":
         assert h.one_current_version_per_key(path) == {}
         assert world.runner.starts == 2
 
 
-RND_TABLES = """\
-      - {name: public.rnd}
-      - {name: public.rnd_soft, topic: TOPIC_rnd, path: p/rnd_soft, apply_mode: soft_delete}
-      - {name: public.rnd_scd2, topic: TOPIC_rnd, path: p/rnd_scd2, apply_mode: scd2}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -428,13 +456,18 @@ def lake(object_store: ObjectStore) -> str:
 
 
 @pytest.mark.parametrize("writer", ["delta-rs", "delta-spark"])
-def test_random_workload_on_s3_with_each_writer_in_every_apply_mode(world, object_store, lake, writer):
+def test_random_workload_on_s3_with_each_writer_in_every_apply_mode(world, object_store, lake, writer, monkeypatch):
     """The random workload's tables, merged by ``writer`` under an ``s3://`` root on a private S3-API server
-    (moto's) in one run after Debezium's restart, equal the source in every apply mode, as on local disk."""
+    (moto's) in one run after Debezium's restart, equal the source in every apply mode, as on local disk, and
+    rows_match_source (reading them in Spark from the store) finds no drift."""
     root, options = f"s3://{lake}/{writer}", object_store.storage_options()
-    tables = RND_TABLES.replace("TOPIC_", f"{world.prefixes['p']}.public.")
-    result = h.run_job(world.config("p", tables, writer=writer, root=root, storage_options=options))
+    config = world.config("p", _rnd_tables(world), ROWS_MATCH_SOURCE, writer=writer, root=root,
+                          storage_options=options)
+    result = h.run_job(config)
     assert result.success, h.failures(result)
+    monkeypatch.setenv(SIGNAL_DSN_ENV, world.dsn)
+    verdicts = rows_match_source(config)
+    assert all(passed for passed, _ in verdicts.values()), verdicts
     paths = {"scd1": f"{root}/{world.prefixes['p']}/public/rnd", "soft_delete": f"{root}/p/rnd_soft",
              "scd2": f"{root}/p/rnd_scd2"}
     for apply_mode, path in paths.items():

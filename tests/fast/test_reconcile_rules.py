@@ -24,10 +24,12 @@ def test_columns_compared_by_delta_type_and_source_type_hidden_and_untyped_ones_
                            T.StructField("at", T.StringType()), T.StructField("price", T.DoubleType()),
                            T.StructField("tags", T.ArrayType(T.StringType())), T.StructField("gone", T.StringType()),
                            T.StructField("_cdc_position", T.StringType())])
-    types = {"id": "bigint", "wide": "numeric", "at": "time", "price": "double", "tags": "json"}
+    types = {"id": "bigint", "wide": "numeric", "at": "time", "price": "float", "tags": "json"}
     compared, left_out = compared_columns(schema, types, "mysql")
     assert [(c.name, c.canonical) for c in compared] == [("id", "integer"), ("wide", "decimal"), ("at", "time")]
-    assert left_out == ["price", "tags", "gone"]  # no double rule on MariaDB, no struct rule, not at the source
+    assert left_out == ["price", "tags", "gone"]  # no rule for MariaDB's FLOAT, no struct rule, not at the source
+    compared, _ = compared_columns(schema, {**types, "price": "double"}, "mysql")
+    assert ("price", "double") in [(c.name, c.canonical) for c in compared]
     compared, _ = compared_columns(schema, {**types, "price": "double precision"}, "postgresql")
     assert ("price", "double") in [(c.name, c.canonical) for c in compared]
 

@@ -1,5 +1,6 @@
 """What scripts/setup fetches beyond its base: only the extras asked for ($CDC_SETUP_EXTRAS) and the object-store
-connector of a config whose tables delta-spark writes on S3 or ADLS (cdc_assets.setup_extras)."""
+connector of a config whose tables delta-spark writes, or rows_match_source reads, on S3 or ADLS
+(cdc_assets.setup_extras)."""
 
 import pytest
 
@@ -12,14 +13,14 @@ kafka: {{bootstrap_servers: "b:9092"}}
 spark: {spark}
 delta: {{root: "{root}", writer: {writer}{options}}}
 connectors:
-  - {{name: c, kind: postgresql, topic.prefix: c, tables: [{{name: s.t}}]}}
+  - {{name: c, kind: postgresql, topic.prefix: c, tables: [{{name: s.t}}]{check}}}
 """
 S3 = ", storage_options: {endpoint: 'http://127.0.0.1:9000'}"
 ADLS = ", storage_options: {account_key_env: K}"
 
 
-def config(root: str, writer: str, spark: str = "{}", options: str = ""):
-    return parse_config(CONFIG.format(root=root, writer=writer, spark=spark, options=options))
+def config(root: str, writer: str, spark: str = "{}", options: str = "", check: str = ""):
+    return parse_config(CONFIG.format(root=root, writer=writer, spark=spark, options=options, check=check))
 
 
 def test_the_demo_and_local_tables_fetch_no_extra():
@@ -50,6 +51,13 @@ def test_an_object_store_root_fetches_its_connector_only_when_spark_writes_it():
     assert setup_extras("", config("s3://bucket/cdc", "delta-spark", "{remote: 'sc://h:15002'}", S3)) == []
     assert setup_extras("", config("gs://bucket/cdc", "delta-spark")) == []
     assert setup_extras("spark-kafka", config("s3://bucket/cdc", "delta-spark", options=S3)) == ["s3", "spark-kafka"]
+
+
+def test_rows_match_source_reads_an_object_stores_tables_in_spark_whatever_writes_them():
+    check = ", rows_match_source: {dsn_env: DSN}"
+    assert setup_extras("", config("s3://bucket/cdc", "delta-rs", options=S3, check=check)) == ["s3"]
+    assert setup_extras("", config("/lake", "delta-rs", check=check)) == []
+    assert setup_extras("", config("s3://bucket/cdc", "delta-rs", "{remote: 'sc://h:15002'}", S3, check)) == []
 
 
 def test_spark_writes_delta_as_select_writer_chooses():

@@ -3,19 +3,25 @@ project's delta-rs writer merged rows into, in the shape Debezium's values land 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import random
 import threading
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import types as T
 
+from cdc_assets.core.reconcile import ComparedColumn, Dialect, canonical_of, value_text
 from cdc_assets.io.reconcile import DeltaSide, PostgresSource, Reconciliation, committed_position_reached
-from tests.support.reconcile import DELTA_SCHEMA, World, delta_row, source_row
+from tests.support.reconcile import DELTA_SCHEMA, EDGE_DOUBLES, World, delta_row, source_row
+from tests.support.workloads import _random_text
 
 
 @pytest.fixture
@@ -226,3 +232,83 @@ def test_drifted_ranges_select_exactly_the_drifted_keys_at_the_source(world: Wor
         f"({', '.join(str(b) for b in ranges.drifted_buckets)})").fetchall()
     assert selected(by_buckets) == {(int(i), str(r)) for i, r in in_buckets} > {(5, "Zürich's"), (6, "eu")}
     assert ranges.condition("postgresql", fits=lambda _: False) is None
+
+
+# Each column of the table below: its PostgreSQL type and the Delta type Debezium's value of it lands in.
+TRICKY_COLUMNS: dict[str, tuple[str, T.DataType]] = {
+    "grp": ("integer", T.LongType()), "flag": ("boolean", T.BooleanType()), "name": ("text", T.StringType()),
+    "amount": ("numeric(12,4)", T.DecimalType(12, 4)), "total": ("numeric(38,18)", T.DecimalType(38, 18)),
+    "score": ("double precision", T.DoubleType()), "ratio": ("real", T.DoubleType()), "born": ("date", T.DateType()),
+    "seen": ("timestamp", T.TimestampNTZType()), "at": ("timestamp with time zone", T.TimestampType()),
+    "data": ("bytea", T.BinaryType()), "clock": ("time", T.StringType()),
+}
+
+
+def _tricky_rows() -> list[tuple[Any, ...]]:
+    """The random workload's kinds of values (``workloads.rnd_changes``: doubles of +-1e9 and twice them, amounts
+    of scale 4, instants of 2020) and edge values of every type, one row per id."""
+    rng = random.Random(59)
+    rows: list[tuple[Any, ...]] = []
+    for i in range(300):
+        rows.append((i, rng.randint(0, 9), rng.random() < 0.5, None if i % 10 == 0 else _random_text(rng, i % 30),
+                     Decimal(rng.randint(-10**12, 10**12)).scaleb(-4),
+                     Decimal(rng.randint(-10**20, 10**20)).scaleb(-18),
+                     rng.uniform(-1e9, 1e9) * rng.choice([1, 2, 4]), rng.uniform(-1e6, 1e6),
+                     dt.date(1969, 12, 31) + dt.timedelta(days=rng.randint(-40000, 40000)),
+                     dt.datetime(1969, 7, 20) + dt.timedelta(microseconds=rng.getrandbits(50)),
+                     dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=rng.getrandbits(45)),
+                     rng.randbytes(i % 5), dt.time(i % 24, i % 60, i % 60, rng.randint(0, 999999))))
+    edges: list[tuple[Any, ...]] = [
+        (None, None, "", Decimal("0.0001"), Decimal("0E-18"), 1e-7, dt.date(1, 1, 1),
+         dt.datetime(1969, 12, 31, 23, 59, 59, 999999), dt.datetime(1969, 12, 31, 23, 59, 59, 999999, dt.timezone.utc),
+         b"", dt.time(0, 0)),
+        (-1, False, 'line1\nline2 "q" \\ tab\t ☃ 𝄞 \'|:~', Decimal("-99999999.9999"), Decimal("0.000000000000000001"),
+         -3.4028235e38, dt.date(9999, 12, 31), dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
+         dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc), b"\x00\xff|", dt.time(23, 59, 59, 999999)),
+    ]
+    for j, score in enumerate(EDGE_DOUBLES):
+        edge = edges[j % len(edges)]
+        rows.append((1000 + j, *edge[:5], score, *edge[5:]))
+    return rows
+
+
+def test_each_canonical_text_reads_alike_in_postgresql_and_spark(postgres: Any, spark: SparkSession) -> None:
+    """The same values in a PostgreSQL table and in a Spark frame of the Delta types Debezium's values land in
+    read as the same canonical text, value by value: else rows_match_source reports drift that is not there."""
+    import psycopg
+
+    dsn = postgres.create_database(f"canonical_{uuid.uuid4().hex[:8]}")
+    names = list(TRICKY_COLUMNS)
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(f"CREATE TABLE tricky (id int PRIMARY KEY, "
+                           f"{', '.join(f'{n} {t}' for n, (t, _) in TRICKY_COLUMNS.items())})")
+        with connection.cursor() as cursor:
+            cursor.executemany(f"INSERT INTO tricky VALUES ({', '.join(['%s'] * (len(names) + 1))})", _tricky_rows())
+        source_types: dict[str, str] = dict(connection.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'tricky'").fetchall())
+        # The values as the source holds them are what Debezium sends (a real: its shortest text's double).
+        stored = connection.execute(f"SELECT id, {', '.join(names)} FROM tricky").fetchall()
+        columns = [ComparedColumn(n, canonical, source_types[n]) for n, (_, delta_type) in TRICKY_COLUMNS.items()
+                   if (canonical := canonical_of(delta_type, source_types[n], "postgresql")) is not None]
+        assert [c.name for c in columns] == names
+
+        def texts(dialect: Dialect) -> str:
+            return ", ".join(value_text(column, dialect) for column in columns)
+
+        in_postgresql = {row[0]: row[1:] for row in connection.execute(f"SELECT id, {texts('postgresql')} FROM tricky")}
+    frame = spark.createDataFrame(
+        [(i, *values[:-1], None if values[-1] is None else values[-1].isoformat(timespec="microseconds"))
+         for i, *values in stored],
+        T.StructType([T.StructField("id", T.LongType()),
+                      *(T.StructField(n, delta_type) for n, (_, delta_type) in TRICKY_COLUMNS.items())]))
+    view = f"tricky_{uuid.uuid4().hex[:8]}"
+    frame.createOrReplaceTempView(view)
+    try:
+        in_spark = {row[0]: tuple(row[1:]) for row in spark.sql(f"SELECT id, {texts('spark')} FROM {view}").collect()}
+    finally:
+        spark.catalog.dropTempView(view)
+    assert in_spark.keys() == in_postgresql.keys() and len(in_spark) == 300 + len(EDGE_DOUBLES)
+    differing = [(name, i, in_postgresql[i][k], in_spark[i][k]) for i in sorted(in_spark)
+                 for k, name in enumerate(names) if in_postgresql[i][k] != in_spark[i][k]]
+    assert differing == [], f"{len(differing)} differ (column, id, PostgreSQL's text, Spark's): {differing[:10]}"
+    assert in_spark[1000][names.index("score")] == "0x1.751c657cc6dfap31"  # the exact binary value, no rounding

@@ -3,6 +3,8 @@ gives the Delta values Debezium's MariaDB events land in; the position is the sn
 
 from __future__ import annotations
 
+import math
+import random
 import uuid
 from datetime import date, datetime, timezone
 from decimal import Decimal
@@ -11,11 +13,13 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
+from pyspark.sql import types as T
 
 from cdc_assets.core.apply_modes import apply_mode
+from cdc_assets.core.reconcile import ComparedColumn, value_text
 from cdc_assets.io.delta import CommitRequest, DeltaRsWriter, DeltaTarget
 from cdc_assets.io.reconcile import DeltaSide, open_source, reconcile
-from tests.support.reconcile import NOTHING_IN_FLIGHT
+from tests.support.reconcile import EDGE_DOUBLES, NOTHING_IN_FLIGHT
 
 CREATE = """
 CREATE TABLE {db}.items (
@@ -66,7 +70,7 @@ def test_mariadb_equal_tables_pass_and_drift_is_named(mariadb: Any, spark: Spark
             source.close()
 
     result = check()
-    assert result.left_out == ["price"]  # no common text for doubles on MariaDB
+    assert result.left_out == [] and "price" in result.columns
     assert result.passed and result.source_rows == result.delta_rows == 60, result
     assert result.first_position.strip().startswith("mariadb-bin") or result.first_position.strip()
     DeltaTable(target.path).delete("id = 7")
@@ -82,3 +86,28 @@ def test_mariadb_equal_tables_pass_and_drift_is_named(mariadb: Any, spark: Spark
             selected = set(cursor.fetchall())
             assert selected >= {(7, "b'c"), (8, "a")} and (condition == ranges.condition("mysql")) == (
                 selected == {(7, "b'c"), (8, "a")}), (condition, selected)
+
+
+def test_a_double_reads_as_its_exact_binary_value_in_mariadb_as_in_spark(mariadb: Any, spark: SparkSession) -> None:
+    """MariaDB has neither a double's bits nor a hexadecimal format: its SQL computes them, and must give every
+    double (subnormals, the extremes, doubles of every magnitude) Spark's text of it."""
+    rng = random.Random(59)
+    finite = [v for v in EDGE_DOUBLES if v is None or math.isfinite(v)]  # MariaDB has no NaN nor infinities
+    values = finite + [rng.uniform(-1e9, 1e9) for _ in range(300)] + \
+        [rng.uniform(-1, 1) * 10.0 ** rng.randint(-307, 307) for _ in range(300)]
+    db = f"doubles_{uuid.uuid4().hex[:8]}"
+    mariadb.execute(f"CREATE DATABASE {db}")
+    mariadb.execute(f"CREATE TABLE {db}.d (id INT PRIMARY KEY, v DOUBLE)")
+    column = ComparedColumn("v", "double", "double")
+    with mariadb.connect(db) as connection, connection.cursor() as cursor:
+        cursor.executemany("INSERT INTO d VALUES (%s, %s)", list(enumerate(values)))
+        connection.commit()
+        cursor.execute(f"SELECT id, {value_text(column, 'mysql')} FROM d")
+        in_mariadb = dict(cursor.fetchall())
+    frame = spark.createDataFrame(list(enumerate(values)), T.StructType([T.StructField("id", T.LongType()),
+                                                                        T.StructField("v", T.DoubleType())]))
+    in_spark: dict[int, str | None] = dict(frame.selectExpr("id", value_text(column, "spark")).collect())
+    assert len(in_spark) == len(values) and in_mariadb.keys() == in_spark.keys()
+    differing = [(i, values[i], in_mariadb[i], in_spark[i]) for i in in_spark if in_mariadb[i] != in_spark[i]]
+    assert differing == [], f"{len(differing)} differ (id, value, MariaDB's text, Spark's): {differing[:10]}"
+    assert in_mariadb[0] == "0x1.751c657cc6dfap31" and in_mariadb[finite.index(5e-324)] == "0x0.0000000000001p-1022"
