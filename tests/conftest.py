@@ -62,8 +62,18 @@ SLOW_MODULES_FIRST = (
 )
 
 
+# Every JVM the suite starts (Spark servers, Kafka, Kafka Connect, Debezium, Apicurio) compiles with C1 only: a test's
+# work is too short to repay C2. Measured on two modules (2026-11-30): the Spark servers' CPU 263 s against 314 s, their
+# JIT compilers' 19 s against 136 s. Production keeps the JVM's default.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Print where the suite's time went (tests/support/timing.py) after the run."""
+    """Print where the suite's time went (tests/support/timing.py) after the run; C1 only for the suite's JVMs (the
+    environment's ``JDK_JAVA_OPTIONS``, which xdist's workers and every process they start inherit)."""
+    options = os.environ.get("JDK_JAVA_OPTIONS", "")
+    if TEST_JVM_OPTIONS not in options:
+        os.environ["JDK_JAVA_OPTIONS"] = f"{options} {TEST_JVM_OPTIONS}".strip()
     timing.register(config)
 
 
