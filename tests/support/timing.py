@@ -19,6 +19,9 @@ import pytest
 
 # Where each test process records the CPU its local Spark servers used (``record_spark_servers``), for the summary.
 SPARK_CPU_ENV_VAR = "CDC_TEST_SPARK_CPU_FILE"
+# Where each test process records how long its module- and session-scoped fixtures took to start and to stop
+# (``FixtureTiming``): a server started or stopped slowly shows up there, not under any one test.
+FIXTURE_TIMES_ENV_VAR = "CDC_TEST_FIXTURE_TIMES_FILE"
 
 
 class SuiteTiming:
@@ -65,6 +68,11 @@ class SuiteTiming:
             servers, cpu, jit = spark
             write(f"local Spark servers at the end: {servers}, {cpu:.0f} CPU s ({cpu / (busy_cpu or cpu):.0%} of the "
                   f"machine's), of which their JIT compilers {jit:.0f} s")
+        fixtures = _fixture_times()
+        if fixtures:
+            write("slowest module and session fixtures (set-up, tear-down):")
+            for (name, phase), seconds in fixtures[:10]:
+                write(f"  {name:60s} {phase:9s} {seconds:8.1f} s")
         write("slowest modules:")
         for module, seconds in sorted(self.by_module.items(), key=lambda item: -item[1])[:20]:
             write(f"  {module:60s} {len(self.tests_by_module[module]):3d} tests {seconds:8.1f} s")
@@ -105,14 +113,64 @@ def _spark_servers_cpu() -> tuple[int, float, float] | None:
     return len(entries), sum(e["cpu"] for e in entries), sum(e["jit"] for e in entries)
 
 
+class FixtureTiming:
+    """Times the set-up and tear-down of module- and session-scoped fixtures in each test process, appending them
+    to ``FIXTURE_TIMES_ENV_VAR``'s file: their tear-down otherwise counts towards whichever test happens to be last."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.stopping: dict[int, float] = {}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> Any:
+        if fixturedef.scope not in ("module", "session"):
+            return (yield)
+        started = time.monotonic()
+        try:
+            return (yield)
+        finally:
+            self._record(fixturedef, request, "set-up", time.monotonic() - started)
+            # Finalizers run last-added first: this one marks the start of the fixture's own tear-down.
+            fixturedef.addfinalizer(lambda: self.stopping.__setitem__(id(fixturedef), time.monotonic()))
+
+    @pytest.hookimpl
+    def pytest_fixture_post_finalizer(self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest) -> None:
+        started = self.stopping.pop(id(fixturedef), None)
+        if started is not None:
+            self._record(fixturedef, request, "tear-down", time.monotonic() - started)
+
+    def _record(self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest, phase: str,
+                seconds: float) -> None:
+        name = fixturedef.argname if fixturedef.scope == "session" else f"{request.node.nodeid}::{fixturedef.argname}"
+        with open(self.where, "a") as out:
+            out.write(json.dumps({"name": name, "phase": phase, "seconds": seconds}) + "\n")
+
+
+def _fixture_times() -> list[tuple[tuple[str, str], float]]:
+    """Every process's fixture set-ups and tear-downs, summed per fixture and phase, slowest first."""
+    where = os.environ.get(FIXTURE_TIMES_ENV_VAR)
+    if not where or not os.path.exists(where):
+        return []
+    totals: dict[tuple[str, str], float] = defaultdict(float)
+    for line in Path(where).read_text().splitlines():
+        if line.strip():
+            entry = json.loads(line)
+            totals[(entry["name"], entry["phase"])] += entry["seconds"]
+    return sorted(totals.items(), key=lambda item: -item[1])
+
+
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def register(config: pytest.Config) -> None:
-    """Add the summary in the process that reports (not in xdist's workers), and name the file where the test
-    processes (xdist's workers inherit the environment) record their Spark servers' CPU."""
+    """Add the summary in the process that reports (not in xdist's workers), and name the files where the test
+    processes (xdist's workers inherit the environment) record their Spark servers' CPU and their fixtures' times."""
     if not hasattr(config, "workerinput"):
-        handle, path = tempfile.mkstemp(prefix="cdc-test-spark-cpu-", suffix=".jsonl")
-        os.close(handle)
-        os.environ[SPARK_CPU_ENV_VAR] = path
+        files = ((SPARK_CPU_ENV_VAR, "cdc-test-spark-cpu-"), (FIXTURE_TIMES_ENV_VAR, "cdc-test-fixtures-"))
+        for variable, prefix in files:
+            handle, path = tempfile.mkstemp(prefix=prefix, suffix=".jsonl")
+            os.close(handle)
+            os.environ[variable] = path
         config.pluginmanager.register(SuiteTiming(), "cdc-suite-timing")
+    if os.environ.get(FIXTURE_TIMES_ENV_VAR):
+        config.pluginmanager.register(FixtureTiming(os.environ[FIXTURE_TIMES_ENV_VAR]), "cdc-fixture-timing")
