@@ -68,9 +68,9 @@ def test_setup_fetches_the_extras_only_when_asked_or_needed(tmp_path):
     assert {path.name for path in share.iterdir()} == {"delta-jars", "kafka"}
     assert list((share / "delta-jars").glob("delta-spark_*.jar")) and (share / "kafka" / ".installed").exists()
     assert jars_of("abfss://c@acct.dfs.core.windows.net/cdc") == (
-        f"StorageConfigError: delta.root 'abfss://c@acct.dfs.core.windows.net/cdc' is on azure and written by "
-        f"delta-spark, and Spark needs Hadoop's connector for it: no jars in {share / 'hadoop-azure-jars'} (run "
-        f"`CDC_SETUP_EXTRAS=azure scripts/setup`)")
+        f"StorageConfigError: delta.root 'abfss://c@acct.dfs.core.windows.net/cdc' is on azure, where Spark opens "
+        f"the Delta tables (delta.writer delta-spark, or rows_match_source's reads), and Spark needs Hadoop's "
+        f"connector for it: no jars in {share / 'hadoop-azure-jars'} (run `CDC_SETUP_EXTRAS=azure scripts/setup`)")
 
     config = tmp_path / "adls.yaml"
     config.write_text(ADLS_CONFIG)
