@@ -21,8 +21,8 @@ from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.spark import DELTA_JARS_ENV_VAR, delta_jars
-from tests.demo.test_setup import _venv_of_this_ones_packages
 from tests.support.reconcile import SlotAdvancer, World, merged_world, source_row
+from tests.support.venvs import venv_of_this_ones_packages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,7 +127,7 @@ def test_a_store_whose_connector_is_not_installed_is_a_warning_naming_the_jars_a
     config.write_text(S3_CONFIG.format(bootstrap=broker.bootstrap_servers, bucket=bucket, prefix=prefix,
                                        options=json.dumps(object_store.storage_options())))
     venv = tmp_path / "venv"
-    python = _venv_of_this_ones_packages(venv)
+    python = venv_of_this_ones_packages(venv)
     env = {name: value for name, value in os.environ.items() if name not in ("CDC_ASSETS_CONFIG", "VIRTUAL_ENV")}
     env.update(PYTHONPATH=str(ROOT), RECONCILE_TEST_DSN=world.dsn, **{DELTA_JARS_ENV_VAR: delta_jars()})
     run = subprocess.run([str(python), "-c", RUN_CHECK, str(config)], env=env, capture_output=True, text=True,

@@ -3,12 +3,11 @@ extras only when asked or when the config in use needs them; a session that need
 that fetches it. The venv takes its packages from this one (a .pth file) and the class archive is named by
 CDC_SPARK_CLASS_ARCHIVE, so the run does Maven's fetches only (from ~/.m2 once scripts/setup-tests has run)."""
 
-import hashlib
 import os
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
+
+from tests.support.venvs import venv_of_this_ones_packages
 
 ROOT = Path(__file__).resolve().parents[2]
 ADLS_CONFIG = """
@@ -28,27 +27,13 @@ except Exception as error:
 """
 
 
-def _venv_of_this_ones_packages(venv: Path) -> Path:
-    """A venv whose python sees this venv's packages, with the stamp that tells scripts/setup they are installed."""
-    venv.mkdir()
-    (venv / "pyvenv.cfg").write_text((Path(sys.prefix) / "pyvenv.cfg").read_text())
-    (venv / "bin").mkdir()
-    (venv / "bin" / "python").symlink_to(sys.executable)
-    purelib = Path(sysconfig.get_paths()["purelib"])
-    site = venv / purelib.relative_to(sys.prefix)
-    site.mkdir(parents=True)
-    (site / "this_venv.pth").write_text(f"import site; site.addsitedir({str(purelib)!r})\n")
-    (venv / ".cdc-assets-installed").write_text(hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-                                                + "\n")
-    return venv / "bin" / "python"
-
-
 def test_setup_fetches_the_extras_only_when_asked_or_needed(tmp_path):
     venv = tmp_path / "venv"
-    python = _venv_of_this_ones_packages(venv)
+    python = venv_of_this_ones_packages(venv)
     archive = tmp_path / "classes.jsa"
     archive.touch()
-    env = {k: v for k, v in os.environ.items() if k not in ("CDC_SETUP_EXTRAS", "CDC_ASSETS_CONFIG", "VIRTUAL_ENV")}
+    unset = ("CDC_SETUP_EXTRAS", "CDC_SETUP_TESTS", "CDC_ASSETS_CONFIG", "VIRTUAL_ENV")  # a user's shell has none
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(CDC_VENV=str(venv), CDC_SPARK_CLASS_ARCHIVE=str(archive), PYTHONPATH=str(ROOT))
     share = venv / "share" / "cdc-assets"
 
