@@ -192,7 +192,7 @@ def main() -> None:
             if not result.passed or result.source_rows != args.rows or result.delta_rows != args.rows:
                 raise SystemExit(f"the check did not find the tables equal: {result}")
             print(line(f"check run {number}", spent) + f"  (source_s {result.source_s:.2f}, delta_s "
-                  f"{result.delta_s:.2f})", flush=True)
+                  f"{result.delta_s:.2f}, side_by_side_s {result.side_by_side_s:.2f})", flush=True)
             checks.append(spent)
         counted, source_spent = measured(source_count, server)
         delta_counted, delta_spent = measured(delta_count, server)

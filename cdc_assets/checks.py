@@ -508,7 +508,9 @@ def _rows_match_source_result(table: CapturedTable, key: AssetKey, result: Recon
         "in_flight_keys": result.in_flight_keys, "unsettled_buckets": result.unsettled,
         "source_position": result.first_position, "last_source_position": result.last_position,
         "source_s": round(result.source_s, 3), "delta_s": round(result.delta_s, 3),
-        "waited_s": round(result.waited_s, 3), "live_rows_filter": live_rows(apply_mode(table.apply_mode)) or "",
+        "side_by_side_s": round(result.side_by_side_s, 3), "waited_s": round(result.waited_s, 3),
+        "wall_s": round(result.wall_s, 3), "looks": MetadataValue.json([look.to_metadata() for look in result.looks]),
+        "live_rows_filter": live_rows(apply_mode(table.apply_mode)) or "",
     }
     if result.drifted:  # what drift_repair_sensor's targeted snapshot reads (``core.reconcile.DriftedRanges``)
         metadata[DRIFTED_RANGES] = MetadataValue.json(result.drifted_ranges().to_metadata())

@@ -8,26 +8,30 @@ flight (``reconcile``):
 1. Both sides' checksums per bucket; the source's in one snapshot, with its position (PostgreSQL's
    ``pg_current_wal_insert_lsn()``, MariaDB's ``binlog_snapshot_file``/``_position``) taken in that snapshot.
 2. Buckets that differ are looked at again, key by key, once the table has applied everything up to that
-   position (``reached``): the Delta table first, then the source in a new snapshot.
+   position (``reached``): the Delta table's version first, then the source in a new snapshot.
 3. Keys that still differ are looked at once more after the table has reached the second look's position,
    Delta first again. A key is drift when its source row did not change between the second and third looks
    (same md5: so the Delta table, which has applied everything up to the second look and nothing after the
    third, holds exactly the changes the source made to it) and Delta still differs. A key whose source row
    changed in between is in flight, never drift.
+
+Each look runs both sides at once (``_look``): the Delta table's latest version is pinned first, then the source's
+query runs in a thread of its own while Spark reads that version, so a look takes about as long as its slower
+side, and the Delta table still holds nothing the source's snapshot does not.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pyspark.sql import SparkSession
 from pyspark.sql import types as T
@@ -277,9 +281,17 @@ class DeltaSide:
         """The Delta table's schema."""
         return self._spark.read.format("delta").load(self._path).schema
 
-    def query(self, sql: str) -> Rows:
-        """``sql`` (on ``self.view``) against the table's latest version."""
-        self._spark.read.format("delta").load(self._path).createOrReplaceTempView(self.view)
+    def version(self) -> int:
+        """The table's latest version, read from its log (no rows read)."""
+        history = self._spark.sql(f"DESCRIBE HISTORY delta.{quote(self._path, 'spark')} LIMIT 1")
+        return int(history.select("version").collect()[0][0])
+
+    def query(self, sql: str, version: int | None = None) -> Rows:
+        """``sql`` (on ``self.view``) against the table's ``version`` (default its latest)."""
+        reader = self._spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", version)
+        reader.load(self._path).createOrReplaceTempView(self.view)
         return [tuple(row) for row in self._spark.sql(sql).collect()]
 
     def position(self) -> str:
@@ -311,6 +323,24 @@ class DriftedBucket:
         return {kind: kinds.count(kind) for kind in ("missing", "extra", "different")}
 
 
+@dataclass(frozen=True)
+class Look:
+    """When each side's part of one look ran, in seconds since the comparison began: the Delta table's from
+    pinning its version to having its rows, the source's its snapshot's transaction."""
+
+    delta: tuple[float, float]
+    source: tuple[float, float]
+
+    @property
+    def overlap_s(self) -> float:
+        """How long both sides ran at once."""
+        return max(0.0, min(self.delta[1], self.source[1]) - max(self.delta[0], self.source[0]))
+
+    def to_metadata(self) -> dict[str, list[float]]:
+        """Its spans, rounded to milliseconds."""
+        return {"delta": [round(t, 3) for t in self.delta], "source": [round(t, 3) for t in self.source]}
+
+
 @dataclass
 class Reconciliation:
     """What one comparison found."""
@@ -326,10 +356,25 @@ class Reconciliation:
     drifted: list[DriftedBucket] = field(default_factory=list)
     in_flight_keys: int = 0  # keys whose source row changed between the last two looks
     unsettled: list[int] = field(default_factory=list)  # buckets the table did not catch up on in time
-    source_s: float = 0.0
-    delta_s: float = 0.0
+    looks: list[Look] = field(default_factory=list)
     waited_s: float = 0.0
+    wall_s: float = 0.0  # the whole comparison, from reading the schemas to the last look
     key_columns: tuple[ComparedColumn, ...] = ()
+
+    @property
+    def source_s(self) -> float:
+        """Seconds the source database spent on the looks."""
+        return sum(look.source[1] - look.source[0] for look in self.looks)
+
+    @property
+    def delta_s(self) -> float:
+        """Seconds Spark spent on the looks (the Delta table's versions and rows)."""
+        return sum(look.delta[1] - look.delta[0] for look in self.looks)
+
+    @property
+    def side_by_side_s(self) -> float:
+        """Seconds both sides ran at once."""
+        return sum(look.overlap_s for look in self.looks)
 
     @property
     def passed(self) -> bool:
@@ -364,14 +409,31 @@ def committed_position_reached(delta: DeltaSide, source: SourceDatabase,
     return reached
 
 
-@contextlib.contextmanager
-def _spent(result: Reconciliation, side: Literal["source_s", "delta_s"]) -> Iterator[None]:
-    """Add the seconds the block takes to ``result``'s time on ``side``."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        setattr(result, side, getattr(result, side) + time.perf_counter() - start)
+_T = TypeVar("_T")
+
+
+def _timed(work: Callable[[], _T], began: float) -> tuple[_T, tuple[float, float]]:
+    """``work()``'s answer, and when it ran (seconds since ``began``, a ``time.perf_counter()``)."""
+    start = time.perf_counter() - began
+    answer = work()
+    return answer, (start, time.perf_counter() - began)
+
+
+def _look(result: Reconciliation, began: float, source: SourceDatabase, source_sql: str, delta: DeltaSide,
+          delta_sql: str) -> tuple[str, Rows, Rows]:
+    """The source's position and rows for ``source_sql`` and the Delta table's for ``delta_sql``, both sides at
+    once: the table's version is pinned before the source's snapshot is taken (so the table holds nothing that
+    snapshot does not), then the source's query runs in a thread while Spark reads that version."""
+    start = time.perf_counter() - began
+    version = delta.version()
+    # The worker only waits on the database's socket; leaving the pool waits for it even when Spark fails.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rows_match_source") as pool:
+        looking = pool.submit(_timed, lambda: source.look(source_sql), began)
+        delta_rows = delta.query(delta_sql, version)
+        delta_span = (start, time.perf_counter() - began)
+        (position, source_rows), source_span = looking.result()
+    result.looks.append(Look(delta_span, source_span))
+    return position, source_rows, delta_rows
 
 
 def _sums(rows: Rows) -> BucketSums:
@@ -385,6 +447,7 @@ def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns:
     split into ``buckets``; ``reached``: whether the table has applied the source up to a position (default
     ``committed_position_reached``), waited for at most ``settle_timeout_s`` before each look again, polled
     every ``poll_s``."""
+    began = time.perf_counter()
     reached = reached or committed_position_reached(delta, source)
     source_types = source.column_types(table)
     if not source_types:
@@ -399,12 +462,18 @@ def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns:
     mine = TableQueries(_relation(table, source.dialect), keys, tuple(columns), buckets, source.dialect)
     theirs = TableQueries(delta.view, keys, tuple(columns), buckets, "spark", live_rows(delta.mode))
     result = Reconciliation(buckets, [column.name for column in columns], left_out, key_columns=keys)
+    try:
+        _compare(result, began, source, delta, mine, theirs, reached, settle_timeout_s, poll_s)
+    finally:
+        result.wall_s = time.perf_counter() - began
+    return result
 
-    with _spent(result, "delta_s"):
-        delta_sums = _sums(delta.query(theirs.checksums()))
-    with _spent(result, "source_s"):
-        position, source_rows = source.look(mine.checksums())
-    source_sums = _sums(source_rows)
+
+def _compare(result: Reconciliation, began: float, source: SourceDatabase, delta: DeltaSide, mine: TableQueries,
+             theirs: TableQueries, reached: Reached, settle_timeout_s: float, poll_s: float) -> None:
+    """``reconcile``'s looks, into ``result``."""
+    position, source_rows, delta_rows = _look(result, began, source, mine.checksums(), delta, theirs.checksums())
+    source_sums, delta_sums = _sums(source_rows), _sums(delta_rows)
     result.source_rows = sum(count for count, _ in source_sums.values())
     result.delta_rows = sum(count for count, _ in delta_sums.values())
     result.first_position = result.last_position = position
@@ -415,13 +484,11 @@ def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns:
     while differing:
         if not _wait(reached, position, settle_timeout_s, poll_s, result):
             result.unsettled = differing
-            return result
-        with _spent(result, "delta_s"):  # Delta first: it then holds nothing the source's snapshot below does not
-            delta_keys = key_rows(delta.query(theirs.rows_in(differing)))
-        with _spent(result, "source_s"):
-            position, source_rows = source.look(mine.rows_in(differing))
+            return
+        position, source_rows, delta_rows = _look(result, began, source, mine.rows_in(differing), delta,
+                                                  theirs.rows_in(differing))
         result.last_position = position
-        source_keys = key_rows(source_rows)
+        source_keys, delta_keys = key_rows(source_rows), key_rows(delta_rows)
         found = key_differences(source_keys, delta_keys)
         if previous is None:
             previous, previous_source = found, source_keys
@@ -437,7 +504,6 @@ def reconcile(source: SourceDatabase, delta: DeltaSide, table: str, key_columns:
         for drifted in result.drifted:
             drifted.differences.sort(key=lambda d: d.display)
         break
-    return result
 
 
 def _relation(table: str, dialect: Dialect) -> str:

@@ -139,9 +139,9 @@ def object_store_jars(delta_root: str) -> str:
     directory = extra_jars_dir(store)
     jars = sorted(directory.glob("*.jar"))
     if not jars:
-        raise StorageConfigError(f"delta.root '{delta_root}' is on {store} and written by delta-spark, and Spark "
-                                 f"needs Hadoop's connector for it: no jars in {directory} (run "
-                                 f"`{fetch_command(store)}`)")
+        raise StorageConfigError(f"delta.root '{delta_root}' is on {store}, where Spark opens the Delta tables "
+                                 f"(delta.writer delta-spark, or rows_match_source's reads), and Spark needs Hadoop's "
+                                 f"connector for it: no jars in {directory} (run `{fetch_command(store)}`)")
     return ",".join(str(jar) for jar in jars)
 
 

@@ -3,12 +3,11 @@ extras only when asked or when the config in use needs them; a session that need
 that fetches it. The venv takes its packages from this one (a .pth file) and the class archive is named by
 CDC_SPARK_CLASS_ARCHIVE, so the run does Maven's fetches only (from ~/.m2 once scripts/setup-tests has run)."""
 
-import hashlib
 import os
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
+
+from tests.support.venvs import venv_of_this_ones_packages
 
 ROOT = Path(__file__).resolve().parents[2]
 ADLS_CONFIG = """
@@ -28,27 +27,13 @@ except Exception as error:
 """
 
 
-def _venv_of_this_ones_packages(venv: Path) -> Path:
-    """A venv whose python sees this venv's packages, with the stamp that tells scripts/setup they are installed."""
-    venv.mkdir()
-    (venv / "pyvenv.cfg").write_text((Path(sys.prefix) / "pyvenv.cfg").read_text())
-    (venv / "bin").mkdir()
-    (venv / "bin" / "python").symlink_to(sys.executable)
-    purelib = Path(sysconfig.get_paths()["purelib"])
-    site = venv / purelib.relative_to(sys.prefix)
-    site.mkdir(parents=True)
-    (site / "this_venv.pth").write_text(f"import site; site.addsitedir({str(purelib)!r})\n")
-    (venv / ".cdc-assets-installed").write_text(hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-                                                + "\n")
-    return venv / "bin" / "python"
-
-
 def test_setup_fetches_the_extras_only_when_asked_or_needed(tmp_path):
     venv = tmp_path / "venv"
-    python = _venv_of_this_ones_packages(venv)
+    python = venv_of_this_ones_packages(venv)
     archive = tmp_path / "classes.jsa"
     archive.touch()
-    env = {k: v for k, v in os.environ.items() if k not in ("CDC_SETUP_EXTRAS", "CDC_ASSETS_CONFIG", "VIRTUAL_ENV")}
+    unset = ("CDC_SETUP_EXTRAS", "CDC_SETUP_TESTS", "CDC_ASSETS_CONFIG", "VIRTUAL_ENV")  # a user's shell has none
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(CDC_VENV=str(venv), CDC_SPARK_CLASS_ARCHIVE=str(archive), PYTHONPATH=str(ROOT))
     share = venv / "share" / "cdc-assets"
 
@@ -68,9 +53,9 @@ def test_setup_fetches_the_extras_only_when_asked_or_needed(tmp_path):
     assert {path.name for path in share.iterdir()} == {"delta-jars", "kafka"}
     assert list((share / "delta-jars").glob("delta-spark_*.jar")) and (share / "kafka" / ".installed").exists()
     assert jars_of("abfss://c@acct.dfs.core.windows.net/cdc") == (
-        f"StorageConfigError: delta.root 'abfss://c@acct.dfs.core.windows.net/cdc' is on azure and written by "
-        f"delta-spark, and Spark needs Hadoop's connector for it: no jars in {share / 'hadoop-azure-jars'} (run "
-        f"`CDC_SETUP_EXTRAS=azure scripts/setup`)")
+        f"StorageConfigError: delta.root 'abfss://c@acct.dfs.core.windows.net/cdc' is on azure, where Spark opens "
+        f"the Delta tables (delta.writer delta-spark, or rows_match_source's reads), and Spark needs Hadoop's "
+        f"connector for it: no jars in {share / 'hadoop-azure-jars'} (run `CDC_SETUP_EXTRAS=azure scripts/setup`)")
 
     config = tmp_path / "adls.yaml"
     config.write_text(ADLS_CONFIG)

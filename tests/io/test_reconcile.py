@@ -67,6 +67,26 @@ def test_rows_deleted_added_and_changed_in_delta_are_drift_in_their_buckets(worl
     assert set(result.differing_first) == {bucket.bucket for bucket in result.drifted}
 
 
+def test_each_look_runs_both_sides_at_once(world: World, spark: SparkSession) -> None:
+    """Every look (the checksums, then both looks again at the drifted bucket) runs the source's query while
+    Spark reads the Delta table: their spans overlap, the Delta table's version pinned first; each side's
+    seconds are its own spans', and the wall time covers them all."""
+    from deltalake import DeltaTable
+
+    DeltaTable(world.target.path).delete("id = 9")
+    result = world.check(spark)
+    assert drift(result) == {"missing": {"9, eu"}}, result
+    assert len(result.looks) == 3, result.looks
+    for look in result.looks:
+        # The version pinned, the source's query began before Spark had read the table (one after the other,
+        # the source would begin only once Spark was done).
+        assert look.delta[0] <= look.source[0] < look.delta[1], look
+    assert result.side_by_side_s == pytest.approx(sum(look.overlap_s for look in result.looks))
+    assert result.source_s == pytest.approx(sum(look.source[1] - look.source[0] for look in result.looks))
+    assert result.delta_s == pytest.approx(sum(look.delta[1] - look.delta[0] for look in result.looks))
+    assert result.wall_s >= max(result.looks[-1].delta[1], result.looks[-1].source[1])
+
+
 def test_a_change_in_flight_is_not_drift(world: World, spark: SparkSession) -> None:
     """The source changes before the check looks; the pipeline applies it while the check waits for the table
     to pass the source's position of the first look: no drift, though the first look differed."""
