@@ -236,10 +236,13 @@ def write_config(work: Path, bootstrap: str, tables: int, root: Path, writer: st
     return path
 
 
-def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: bool = False) -> None:
+def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: bool = False,
+          home: Path | None = None) -> None:
     """One ``cdc_merge_job`` run in this (fresh) process; prints one ``RESULT {json}`` line. ``quiet``: the
-    tables are caught up; the run's instance keeps its events on disk (as a deployment's does) and after the
-    run ``cdc_merge_schedule`` ticks on it (``tick_s``: each tick's seconds, the code location loaded)."""
+    tables are caught up; the run's instance keeps its events on disk (as a deployment's does), in ``home`` when
+    given (the quiet runs share one: the first records the tables as caught up, the next find them recorded, as
+    a deployment's runs after the merges do), and after the run ``cdc_merge_schedule`` ticks on it (``tick_s``:
+    each tick's seconds, the code location loaded)."""
     os.environ["CDC_ASSETS_CONFIG"] = str(config_path)
     from dagster import DagsterEventType, DagsterInstance, build_schedule_context
 
@@ -250,8 +253,10 @@ def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: boo
         config = load_config(config_path)
         job = build_definitions(config).resolve_job_def("cdc_merge_job")
         # A run worker has its instance (and code location) before its run.
-        instance = DagsterInstance.local_temp(tempfile.mkdtemp(prefix="cdc-w2-home-")) if quiet or ticks_only else \
-            DagsterInstance.ephemeral()
+        if home is not None:
+            home.mkdir(parents=True, exist_ok=True)
+        instance = DagsterInstance.local_temp(str(home or tempfile.mkdtemp(prefix="cdc-w2-home-"))) \
+            if quiet or ticks_only else DagsterInstance.ephemeral()
         profiler = cProfile.Profile() if profile else None
         # The reference, in the same process: its start, imports, definitions load and instance, before the run.
         loaded_cpu, loaded_s = run_cpu(), time.time() - psutil.Process().create_time()
@@ -308,7 +313,7 @@ def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: boo
 
 
 def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label: str, quiet: bool = False,
-              ticks_only: bool = False) -> dict:
+              ticks_only: bool = False, home: Path | None = None) -> dict:
     broker_pid = broker.pid
     assert broker_pid is not None
     wait_until_idle(broker_pid)
@@ -318,7 +323,7 @@ def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label
         server_rss = [stack.enter_context(PeakRss(exclude_pid=-1, pid=pid)) for pid in servers]
         command = [sys.executable, "-m", "benchmarks.many_tables", "--child", str(config_path)]
         done = subprocess.run(command + (["--profile"] if profile else []) + (["--quiet"] if quiet else [])
-                              + (["--ticks-only"] if ticks_only else []),
+                              + (["--ticks-only"] if ticks_only else []) + (["--home", str(home)] if home else []),
                               capture_output=True, text=True,
                               cwd=Path(__file__).resolve().parent.parent)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -374,14 +379,17 @@ def main() -> None:
     parser.add_argument("--concurrent-tables", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2],
                         help="batch.concurrent_tables of the measured runs, comma-separated: one run each")
     parser.add_argument("--quiet-runs", type=int, default=1,
-                        help="runs after the measured ones with nothing new in any topic (a quiet schedule tick)")
+                        help="runs after the measured ones with nothing new in any topic, on one instance: the "
+                             "first records the tables (none is recorded there yet), the next find them recorded, "
+                             "as a deployment's runs after its merges do")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--home", help=argparse.SUPPRESS)
     parser.add_argument("--ticks-only", action="store_true",
                         help="no merge: cdc_merge_schedule's ticks alone over the produced tables (each requested)")
     args = parser.parse_args()
     if args.child:
-        child(Path(args.child), args.profile, args.quiet, args.ticks_only)
+        child(Path(args.child), args.profile, args.quiet, args.ticks_only, Path(args.home) if args.home else None)
         return
 
     with tempfile.TemporaryDirectory(prefix="cdc-w2-") as scratch, \
@@ -425,7 +433,7 @@ def main() -> None:
             last = args.concurrent_tables[-1]
             quiet = [run_child(write_config(work, broker.bootstrap_servers, args.tables, work / f"delta-{last}",
                                             args.writer, last), broker, args.profile, f"quiet run {number + 1}",
-                               quiet=True)
+                               quiet=True, home=work / "dagster-home")
                      for number in range(args.quiet_runs)]
         finally:
             stop_all()
