@@ -21,6 +21,7 @@ from dagster import (
     MaterializeResult,
     asset,
     build_schedule_context,
+    instance_for_test,
     materialize,
 )
 from deltalake import DeltaTable
@@ -112,7 +113,7 @@ def test_a_table_with_nothing_new_costs_one_look_at_its_log_and_no_spark_request
                                                         writer=writer.name, prefix=prefix)))
     job = defs.resolve_job_def("cdc_merge_job")
     calm, busy = (AssetKey([prefix, "s", name]) for name in ("calm", "busy"))
-    with DagsterInstance.ephemeral() as instance:
+    with instance_for_test() as instance:
         first = job.execute_in_process(instance=instance)
         merged = {m.asset_key: m.metadata for m in first.asset_materializations_for_node("shop_merge")}
         assert {key: merged[key]["events_read"].value for key in (calm, busy)} == {calm: 6, busy: 6}
@@ -166,7 +167,7 @@ def test_a_table_with_nothing_new_costs_one_look_at_its_log_and_no_spark_request
     # An instance with no record of the tables (a new one, or its history deleted): each is materialized once as
     # caught up, offsets where its commit left them and its column schema, still with no Spark request; the merge
     # schedule then finds it caught up instead of asking for it again at every tick.
-    with DagsterInstance.ephemeral() as fresh:
+    with instance_for_test() as fresh:
         reads.clear()
         recorded = job.execute_in_process(instance=fresh)
         assert recorded.success and reads.spark == []
