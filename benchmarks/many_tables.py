@@ -278,7 +278,8 @@ def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: boo
                 mark = time.perf_counter()
                 data = schedule.evaluate_tick(build_schedule_context(instance=instance))
                 ticks.append(time.perf_counter() - mark)
-                skipped = data.skip_message or f"a run of {len(data.run_requests[0].asset_selection or [])} tables"
+                requests = data.run_requests or []
+                skipped = data.skip_message or f"a run of {len(requests[0].asset_selection or [])} tables"
     if result is None:  # the ticks alone, on an instance with no materialization: every table requested
         print("RESULT " + json.dumps({"tick_s": ticks, "skipped": skipped}), flush=True)
         os._exit(0)
