@@ -36,7 +36,7 @@ from cdc_assets.io.delta import DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka import KafkaSource, SourceError
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.merge import BatchReport, FirstBatch, MergeFailed, merge_concurrently, merge_micro_batches
-from cdc_assets.merge.quiet import TableState
+from cdc_assets.merge.quiet import TableState, caught_up
 from cdc_assets.merge.report import offsets_metadata
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
 from cdc_assets.topics import materialized_ends
@@ -134,11 +134,11 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
     return metadata
 
 
-def caught_up_metadata(table: CapturedTable, caught_up: TableState) -> dict[str, Any]:
+def caught_up_metadata(table: CapturedTable, state: TableState) -> dict[str, Any]:
     """Materialization metadata of a table with nothing new in a run (``merge.quiet``): no batch, no event
     read, offsets where its latest commit left them (its topic's end), caught up; and its column schema."""
-    assert caught_up.progress is not None  # caught up: its latest batch commit recorded its topic's end
-    committed = caught_up.progress.offsets
+    assert state.progress is not None  # caught up: its latest batch commit recorded its topic's end
+    committed = state.progress.offsets
     offsets = offsets_metadata(committed, committed, committed, committed)
     metadata: dict[str, Any] = {
         "batches": 0, "events_read": 0, "tombstones_skipped": 0, "dead_lettered_events": 0,
@@ -146,7 +146,7 @@ def caught_up_metadata(table: CapturedTable, caught_up: TableState) -> dict[str,
         "caught_up": True,
         "delta_path": MetadataValue.path(table.target.path),
     }
-    schema = column_schema(caught_up.schema)
+    schema = column_schema(state.schema)
     if schema is not None:
         metadata["dagster/column_schema"] = schema
     return metadata
@@ -175,12 +175,12 @@ class QuietRecords:
         entry = self._latest.get(key)
         materialization = entry.asset_materialization if entry is not None else None
         path = materialization.metadata.get("delta_path") if materialization is not None else None
-        current = (key not in self._consumed and materialized_ends(entry) == dict(state.progress.offsets)
+        current = (key not in self._consumed and caught_up(materialized_ends(entry), state.progress.offsets)
                    and path is not None and str(path.value) == table.target.path)
         (self.unchanged if current else self.materialized).append(table.name)
         return not current
 
-    def summary(self, caught_up: Sequence[str], selected: int) -> str:
+    def summary(self, quiet: Sequence[str], selected: int) -> str:
         """The run's log line on its tables with nothing new."""
         parts = []
         if self.unchanged:
@@ -188,7 +188,7 @@ class QuietRecords:
                          f"those offsets): {', '.join(self.unchanged)}")
         if self.materialized:
             parts.append(f"{len(self.materialized)} materialized as caught up: {', '.join(self.materialized)}")
-        return (f"{len(caught_up)} of {selected} tables had nothing new (their latest commits recorded their topics' "
+        return (f"{len(quiet)} of {selected} tables had nothing new (their latest commits recorded their topics' "
                 "end offsets), with no merge and no check evaluated; " + "; ".join(parts))
 
 
@@ -260,7 +260,7 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                                     kafka.new_source, delta.writer_for, shared=run_limits, ends=ends)
         reads = RunReads(delta)
         failures: list[tuple[CapturedTable, Exception]] = []
-        caught_up: list[str] = []
+        quiet: list[str] = []  # the tables with nothing new
         recorded: QuietRecords | None = None  # looked up at the first table with nothing new
         for key, table in by_key.items():  # in config order, each as soon as its merge (and those before) ended
             materialized, merged_by = None, None
@@ -270,7 +270,7 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                     # Nothing new: its checks are not evaluated again on a table this run did not change (Dagster
                     # shows them skipped), nor are its merge's reads made; materialized as caught up unless Dagster
                     # already records it so and nothing in this run consumes it (``QuietRecords``).
-                    caught_up.append(table.name)
+                    quiet.append(table.name)
                     recorded = recorded or QuietRecords(context, chosen)
                     if recorded.needs_materialization(key, table, merged.caught_up):
                         yield MaterializeResult(asset_key=key,
@@ -291,9 +291,9 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                 # yielded (else every run logs "did not yield or return expected outputs").
                 yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
                                                  materialized, merged_by)
-        if caught_up:
+        if quiet:
             assert recorded is not None
-            context.log.info(recorded.summary(caught_up, len(chosen)))
+            context.log.info(recorded.summary(quiet, len(chosen)))
         if len(failures) == 1:
             raise failures[0][1]
         if failures:
