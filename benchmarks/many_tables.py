@@ -236,10 +236,14 @@ def write_config(work: Path, bootstrap: str, tables: int, root: Path, writer: st
     return path
 
 
-def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: bool = False) -> None:
+def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: bool = False,
+          home: Path | None = None, storage_url: str | None = None) -> None:
     """One ``cdc_merge_job`` run in this (fresh) process; prints one ``RESULT {json}`` line. ``quiet``: the
-    tables are caught up; the run's instance keeps its events on disk (as a deployment's does) and after the
-    run ``cdc_merge_schedule`` ticks on it (``tick_s``: each tick's seconds, the code location loaded)."""
+    tables are caught up; the run's instance keeps its events on disk (as a deployment's does), in ``home`` when
+    given (the quiet runs share one: the first records the tables as caught up, the next find them recorded, as
+    a deployment's runs after the merges do), its storage Dagster's PostgreSQL one at ``storage_url`` when given,
+    and after the run ``cdc_merge_schedule`` ticks on it (``tick_s``: each tick's seconds, the code location
+    loaded)."""
     os.environ["CDC_ASSETS_CONFIG"] = str(config_path)
     from dagster import DagsterEventType, DagsterInstance, build_schedule_context
 
@@ -250,8 +254,11 @@ def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: boo
         config = load_config(config_path)
         job = build_definitions(config).resolve_job_def("cdc_merge_job")
         # A run worker has its instance (and code location) before its run.
-        instance = DagsterInstance.local_temp(tempfile.mkdtemp(prefix="cdc-w2-home-")) if quiet or ticks_only else \
-            DagsterInstance.ephemeral()
+        if home is not None:
+            home.mkdir(parents=True, exist_ok=True)
+        storage = {"storage": {"postgres": {"postgres_url": storage_url}}} if storage_url else None
+        instance = DagsterInstance.local_temp(str(home or tempfile.mkdtemp(prefix="cdc-w2-home-")), storage) \
+            if quiet or ticks_only else DagsterInstance.ephemeral()
         profiler = cProfile.Profile() if profile else None
         # The reference, in the same process: its start, imports, definitions load and instance, before the run.
         loaded_cpu, loaded_s = run_cpu(), time.time() - psutil.Process().create_time()
@@ -271,7 +278,8 @@ def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: boo
                 mark = time.perf_counter()
                 data = schedule.evaluate_tick(build_schedule_context(instance=instance))
                 ticks.append(time.perf_counter() - mark)
-                skipped = data.skip_message or f"a run of {len(data.run_requests[0].asset_selection or [])} tables"
+                requests = data.run_requests or []
+                skipped = data.skip_message or f"a run of {len(requests[0].asset_selection or [])} tables"
     if result is None:  # the ticks alone, on an instance with no materialization: every table requested
         print("RESULT " + json.dumps({"tick_s": ticks, "skipped": skipped}), flush=True)
         os._exit(0)
@@ -308,7 +316,7 @@ def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: boo
 
 
 def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label: str, quiet: bool = False,
-              ticks_only: bool = False) -> dict:
+              ticks_only: bool = False, home: Path | None = None, storage_url: str | None = None) -> dict:
     broker_pid = broker.pid
     assert broker_pid is not None
     wait_until_idle(broker_pid)
@@ -318,7 +326,8 @@ def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label
         server_rss = [stack.enter_context(PeakRss(exclude_pid=-1, pid=pid)) for pid in servers]
         command = [sys.executable, "-m", "benchmarks.many_tables", "--child", str(config_path)]
         done = subprocess.run(command + (["--profile"] if profile else []) + (["--quiet"] if quiet else [])
-                              + (["--ticks-only"] if ticks_only else []),
+                              + (["--ticks-only"] if ticks_only else []) + (["--home", str(home)] if home else [])
+                              + (["--storage-url", storage_url] if storage_url else []),
                               capture_output=True, text=True,
                               cwd=Path(__file__).resolve().parent.parent)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -374,18 +383,27 @@ def main() -> None:
     parser.add_argument("--concurrent-tables", type=lambda text: [int(n) for n in text.split(",")], default=[1, 2],
                         help="batch.concurrent_tables of the measured runs, comma-separated: one run each")
     parser.add_argument("--quiet-runs", type=int, default=1,
-                        help="runs after the measured ones with nothing new in any topic (a quiet schedule tick)")
+                        help="runs after the measured ones with nothing new in any topic, on one instance: the "
+                             "first records the tables (none is recorded there yet), the next find them recorded, "
+                             "as a deployment's runs after its merges do")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--quiet-storage", choices=("sqlite", "postgres"), default="sqlite",
+                        help="the quiet runs' Dagster storage: SQLite under their DAGSTER_HOME (Dagster's default), "
+                             "or a private PostgreSQL server (fsync on; tests/support/postgres.py), as Dagster "
+                             "advises for deployments")
+    parser.add_argument("--home", help=argparse.SUPPRESS)
+    parser.add_argument("--storage-url", help=argparse.SUPPRESS)
     parser.add_argument("--ticks-only", action="store_true",
                         help="no merge: cdc_merge_schedule's ticks alone over the produced tables (each requested)")
     args = parser.parse_args()
     if args.child:
-        child(Path(args.child), args.profile, args.quiet, args.ticks_only)
+        child(Path(args.child), args.profile, args.quiet, args.ticks_only, Path(args.home) if args.home else None,
+              args.storage_url)
         return
 
     with tempfile.TemporaryDirectory(prefix="cdc-w2-") as scratch, \
-            ApacheKafkaBroker(Path(scratch) / "broker") as broker:
+            ApacheKafkaBroker(Path(scratch) / "broker") as broker, contextlib.ExitStack() as stack:
         work = Path(scratch)
         os.environ[SERVER_DIR_ENV_VAR] = str(work / "spark-servers")  # the benchmark's own server
         started = time.perf_counter()
@@ -423,9 +441,10 @@ def main() -> None:
                 for concurrent in args.concurrent_tables}
             # The same tables again with nothing new: what a schedule tick costs when the tables are quiet.
             last = args.concurrent_tables[-1]
+            storage_url = quiet_storage(stack, args.quiet_storage)
             quiet = [run_child(write_config(work, broker.bootstrap_servers, args.tables, work / f"delta-{last}",
                                             args.writer, last), broker, args.profile, f"quiet run {number + 1}",
-                               quiet=True)
+                               quiet=True, home=work / "dagster-home", storage_url=storage_url)
                      for number in range(args.quiet_runs)]
         finally:
             stop_all()
@@ -437,6 +456,8 @@ def main() -> None:
     for concurrent, result in measured.items():
         print(f"\n== batch.concurrent_tables: {concurrent} ==")
         report(result, events, args.tables, concurrent)
+    if quiet:
+        print(f"\nquiet runs on one Dagster instance, storage {args.quiet_storage}")
     for number, result in enumerate(quiet, 1):
         report_quiet(number, result, args.tables, args.concurrent_tables[-1])
         print("  cdc_merge_schedule's ticks on it (code location loaded): "
@@ -448,6 +469,20 @@ def main() -> None:
         print()
         for concurrent, result in measured.items():
             print(f"{concurrent} tables at once: {measured[1]['wall_s'] / result['wall_s']:.2f}x the speed of 1")
+
+
+def quiet_storage(stack: contextlib.ExitStack, kind: str) -> str | None:
+    """The quiet runs' Dagster storage: None for SQLite, else the URL of a private PostgreSQL server's database
+    (started on ``stack``), fsync on as a deployment's, by the psycopg2 driver (docs/operations.md)."""
+    if kind == "sqlite":
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' server: one place for it
+    from tests.support.postgres import PostgresServer
+
+    server = stack.enter_context(PostgresServer({"fsync": "on", "synchronous_commit": "on",
+                                                 "full_page_writes": "on"}))
+    server.create_database("dagster")
+    return f"postgresql+psycopg2://postgres@127.0.0.1:{server.port}/dagster"
 
 
 def report_quiet(number: int, result: dict, tables: int, concurrent: int) -> None:

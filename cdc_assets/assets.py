@@ -36,9 +36,10 @@ from cdc_assets.io.delta import DeltaTarget, DeltaWriter
 from cdc_assets.io.kafka import KafkaSource, SourceError
 from cdc_assets.io.transactions import update_watermark
 from cdc_assets.merge import BatchReport, FirstBatch, MergeFailed, merge_concurrently, merge_micro_batches
-from cdc_assets.merge.quiet import TableState
+from cdc_assets.merge.quiet import TableState, caught_up
 from cdc_assets.merge.report import offsets_metadata
 from cdc_assets.resources import DeltaResource, KafkaResource, SparkResource
+from cdc_assets.topics import materialized_ends
 from cdc_assets.translator import CdcTranslator, dagster_name
 
 CDC_KINDS = {"spark", "delta", "kafka"}
@@ -133,11 +134,11 @@ def report_metadata(reports: Sequence[BatchReport]) -> dict[str, Any]:
     return metadata
 
 
-def caught_up_metadata(table: CapturedTable, caught_up: TableState) -> dict[str, Any]:
+def caught_up_metadata(table: CapturedTable, state: TableState) -> dict[str, Any]:
     """Materialization metadata of a table with nothing new in a run (``merge.quiet``): no batch, no event
     read, offsets where its latest commit left them (its topic's end), caught up; and its column schema."""
-    assert caught_up.progress is not None  # caught up: its latest batch commit recorded its topic's end
-    committed = caught_up.progress.offsets
+    assert state.progress is not None  # caught up: its latest batch commit recorded its topic's end
+    committed = state.progress.offsets
     offsets = offsets_metadata(committed, committed, committed, committed)
     metadata: dict[str, Any] = {
         "batches": 0, "events_read": 0, "tombstones_skipped": 0, "dead_lettered_events": 0,
@@ -145,10 +146,50 @@ def caught_up_metadata(table: CapturedTable, caught_up: TableState) -> dict[str,
         "caught_up": True,
         "delta_path": MetadataValue.path(table.target.path),
     }
-    schema = column_schema(caught_up.schema)
+    schema = column_schema(state.schema)
     if schema is not None:
         metadata["dagster/column_schema"] = schema
     return metadata
+
+
+class QuietRecords:
+    """Which of a run's tables with nothing new to materialize as caught up: a table is not materialized again
+    when its latest materialization in Dagster already records the offsets and Delta path its latest commit
+    recorded (Dagster's record is current: a second one would say the same, at two stored events a table) and
+    no other step of the run reads its output (Dagster skips a step whose input was not produced). Otherwise
+    (no materialization yet, one of other offsets, a schema change's, another Delta root, a consumer in the
+    run) it is materialized as caught up, so the merge schedule, which reads the latest materialization,
+    finds it current. One event-log query for the run's ``chosen`` tables, made at the first quiet one."""
+
+    def __init__(self, context: AssetExecutionContext, chosen: Mapping[AssetKey, CapturedTable]):
+        self._latest = context.instance.get_latest_materialization_events(list(chosen))
+        outputs = context.job_def.dependency_structure.output_to_downstream_inputs_for_node(context.op_handle.name)
+        consumed = {output.output_name for output, inputs in outputs.items() if inputs}
+        self._consumed = {key for key in chosen if context.assets_def.get_output_name_for_asset_key(key) in consumed}
+        self.materialized: list[str] = []
+        self.unchanged: list[str] = []
+
+    def needs_materialization(self, key: AssetKey, table: CapturedTable, state: TableState) -> bool:
+        """Whether the quiet ``table`` (its Delta log told ``state``) is materialized as caught up in this run."""
+        assert state.progress is not None  # caught up: its latest batch commit recorded its topic's end
+        entry = self._latest.get(key)
+        materialization = entry.asset_materialization if entry is not None else None
+        path = materialization.metadata.get("delta_path") if materialization is not None else None
+        current = (key not in self._consumed and caught_up(materialized_ends(entry), state.progress.offsets)
+                   and path is not None and str(path.value) == table.target.path)
+        (self.unchanged if current else self.materialized).append(table.name)
+        return not current
+
+    def summary(self, quiet: Sequence[str], selected: int) -> str:
+        """The run's log line on its tables with nothing new."""
+        parts = []
+        if self.unchanged:
+            parts.append(f"{len(self.unchanged)} not materialized again (their latest materializations record "
+                         f"those offsets): {', '.join(self.unchanged)}")
+        if self.materialized:
+            parts.append(f"{len(self.materialized)} materialized as caught up: {', '.join(self.materialized)}")
+        return (f"{len(quiet)} of {selected} tables had nothing new (their latest commits recorded their topics' "
+                "end offsets), with no merge and no check evaluated; " + "; ".join(parts))
 
 
 def column_schema(schema: StructType | None) -> TableSchema | None:
@@ -186,7 +227,8 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
     by_key = {translator.get_asset_key(table): table for table in tables}
     # No read of the tables' storage here: the code location loads in every run worker, and the column
     # schema reaches the UI with each materialization.
-    specs = [AssetSpec(key, group_name=translator.get_group_name(table), kinds=CDC_KINDS,
+    # skippable: a table with nothing new that Dagster already records as caught up yields no output (no event)
+    specs = [AssetSpec(key, group_name=translator.get_group_name(table), kinds=CDC_KINDS, skippable=True,
                        description=translator.get_description(table), metadata=translator.get_metadata(table),
                        owners=translator.get_owners(table) or None, tags=translator.get_tags(table),
                        freshness_policy=translator.get_freshness_policy(table),
@@ -218,16 +260,21 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                                     kafka.new_source, delta.writer_for, shared=run_limits, ends=ends)
         reads = RunReads(delta)
         failures: list[tuple[CapturedTable, Exception]] = []
-        caught_up: list[str] = []
+        quiet: list[str] = []  # the tables with nothing new
+        recorded: QuietRecords | None = None  # looked up at the first table with nothing new
         for key, table in by_key.items():  # in config order, each as soon as its merge (and those before) ended
             materialized, merged_by = None, None
             if key in chosen:
                 merged = next(merges)
                 if merged.caught_up is not None:
-                    # Nothing new: materialized as caught up; its checks are not evaluated again on a table this
-                    # run did not change (Dagster shows them skipped), nor are its merge's reads made.
-                    caught_up.append(table.name)
-                    yield MaterializeResult(asset_key=key, metadata=caught_up_metadata(table, merged.caught_up))
+                    # Nothing new: its checks are not evaluated again on a table this run did not change (Dagster
+                    # shows them skipped), nor are its merge's reads made; materialized as caught up unless Dagster
+                    # already records it so and nothing in this run consumes it (``QuietRecords``).
+                    quiet.append(table.name)
+                    recorded = recorded or QuietRecords(context, chosen)
+                    if recorded.needs_materialization(key, table, merged.caught_up):
+                        yield MaterializeResult(asset_key=key,
+                                                metadata=caught_up_metadata(table, merged.caught_up))
                     continue
                 if len(merged.log) > 1:  # a line per batch; one batch's is its materialization's metadata
                     for line in merged.log:
@@ -244,10 +291,9 @@ def build_connector_assets(tables: Sequence[CapturedTable], limits: BatchLimits,
                 # yielded (else every run logs "did not yield or return expected outputs").
                 yield from evaluate_table_checks(table, key, checks[key], context.instance, delta, spark, reads,
                                                  materialized, merged_by)
-        if caught_up:
-            context.log.info(f"{len(caught_up)} of {len(chosen)} tables had nothing new (their latest commits "
-                             "recorded their topics' end offsets): materialized as caught up, with no merge and no "
-                             f"check evaluated: {', '.join(caught_up)}")
+        if quiet:
+            assert recorded is not None
+            context.log.info(recorded.summary(quiet, len(chosen)))
         if len(failures) == 1:
             raise failures[0][1]
         if failures:

@@ -71,8 +71,9 @@ class CdcTranslator:
         return AutomationCondition.eager() if table.automation == "eager" else None
 
     def get_freshness_policy(self, table: CapturedTable) -> FreshnessPolicy | None:
-        """Dagster's freshness: the table was merged within its capture-lag bound. It counts merge runs,
-        so it expects a merge schedule; the ``freshness`` check tells a quiet source from a stalled
-        pipeline whatever runs."""
+        """Dagster's freshness: the table was merged within its capture-lag bound. It counts
+        materializations, the merges that changed the table (a run over a table with nothing new records
+        none), so it tells how long ago the table last changed; the ``freshness`` check tells a quiet source
+        from a stalled pipeline whatever runs."""
         # Dagster takes no window under a minute.
         return FreshnessPolicy.time_window(fail_window=timedelta(seconds=max(60.0, table.max_capture_lag_s)))
