@@ -96,7 +96,7 @@ def _not_evaluated(key: AssetKey, check_name: str, why: str) -> AssetCheckResult
 def _key_report(table: CapturedTable, writer: DeltaWriter, merged_keys: Sequence[str]) -> KeyReport | None:
     """Key statistics of the table; its key columns are the configured ones, else those this step's merge
     recorded (``merged_keys``) or, if it applied nothing, its last batch commit (taken from the record keys)."""
-    keys = table.key_columns or tuple(merged_keys)
+    keys = table.merge.key_columns or tuple(merged_keys)
     if not keys:
         progress = writer.read_progress(table.target, table.app_id)
         keys = progress.key_columns if progress else ()
@@ -108,8 +108,8 @@ def live_freshness(table: CapturedTable, probe: FreshnessProbe) -> tuple[TableFr
     heartbeat (looked up only for a connector that sends them)."""
     progress = DeltaRsWriter().read_progress(table.target, table.app_id)  # the Delta log alone: no Spark
     state = probe.table_freshness(table.topic, progress.offsets if progress else None,
-                                  record_decoder(table.schema_registry))
-    heartbeat = probe.last_heartbeat(table.topic_prefix) if table.max_heartbeat_age_s else None
+                                  record_decoder(table.merge.schema_registry))
+    heartbeat = probe.last_heartbeat(table.topic_prefix) if table.checks.max_heartbeat_age_s else None
     return state, heartbeat
 
 
@@ -139,19 +139,21 @@ def table_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpe
             f"Each key of {name} appears once and no row has a null key (current versions for scd2).")),
         AssetCheckSpec(CAPTURE_LAG_CHECK, asset=key, description=(
             f"The newest change applied by the last merge of {name} is at most "
-            f"{duration_text(table.max_capture_lag_s)} old.")),
+            f"{duration_text(table.checks.max_capture_lag_s)} old.")),
         AssetCheckSpec(DEAD_LETTERS_CHECK, asset=key, description=f"No event of {name} is in the dead-letter table."),
         AssetCheckSpec(SCHEMA_CHECK, asset=key,
                        description=f"The Delta table of {name} has every column the source last announced."),
     ]
-    if table.transaction_log is not None:
+    if table.transactions is not None:
+        timeout_s = table.transactions.timeout_s
         specs += [
             AssetCheckSpec(TRANSACTIONS_CHECK, asset=key, blocking=True, description=(
                 f"No transaction has kept {name} from applying anything for "
-                f"{duration_text(table.transaction_timeout_s)} or more (events its END announces missing, or no "
+                f"{duration_text(timeout_s)} or more (events its END announces missing, or no "
                 "END).")),
             AssetCheckSpec(WATERMARK_CHECK, asset=key, description=(
-                f"The connector's consistent watermark is at most {duration_text(table.max_watermark_lag_s)} old.")),
+                f"The connector's consistent watermark is at most "
+                f"{duration_text(table.checks.max_watermark_lag_s)} old.")),
         ]
     if table.kind in PLACEHOLDER_KINDS:
         # Evaluated after each merge, on that merge's own count: a later merge's would hide it.
@@ -166,7 +168,7 @@ def evaluated_after_merge(table: CapturedTable, spec: AssetCheckSpec) -> bool:
     what depends on a table whose keys broke), the warnings with ``checks_after_merge: all`` only, else on the
     freshness schedule. Each evaluation is an event Dagster stores (31-38 ms each in its SQLite storage: five
     checks a table were half of a 50-table run's time, docs/performance.md)."""
-    return spec.blocking or table.checks_after_merge == "all"
+    return spec.blocking or table.asset.checks_after_merge == "all"
 
 
 def merge_check_specs(table: CapturedTable, key: AssetKey) -> list[AssetCheckSpec]:
@@ -195,11 +197,12 @@ def selected_check_names(check_keys: Iterable[AssetCheckKey]) -> dict[AssetKey, 
 
 def freshness_check_spec(table: CapturedTable, key: AssetKey) -> AssetCheckSpec:
     """The spec of the live ``freshness`` check (``build_freshness_checks``: kafka only, no pool)."""
-    heartbeat_rule = (f"; the connector's newest heartbeat is at most {duration_text(table.max_heartbeat_age_s)} old"
-                      if table.max_heartbeat_age_s else "")
+    max_age_s = table.checks.max_heartbeat_age_s
+    heartbeat_rule = (f"; the connector's newest heartbeat is at most {duration_text(max_age_s)} old"
+                      if max_age_s else "")
     return AssetCheckSpec(FRESHNESS_CHECK, asset=key, description=(
         f"Live, on its own schedule: no event of {table.name} has waited in its topic longer than "
-        f"{duration_text(table.max_capture_lag_s)}{heartbeat_rule}."))
+        f"{duration_text(table.checks.max_capture_lag_s)}{heartbeat_rule}."))
 
 
 class RunReads:
@@ -259,9 +262,9 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
         yield _no_dead_letters(table, key, reads)
     if SCHEMA_CHECK in selected:
         yield _schema_matches_source(table, key, delta, spark, reads.registry.get((table.connector, table.name)))
-    if TRANSACTIONS_CHECK in selected and table.transaction_log is not None:
+    if TRANSACTIONS_CHECK in selected and table.transactions is not None:
         yield _transactions_reconciled(table, key, last)
-    if WATERMARK_CHECK in selected and table.transaction_log is not None:
+    if WATERMARK_CHECK in selected and table.transactions is not None:
         yield _consistent_watermark_fresh(table, key)
     if UNAVAILABLE_CHECK in selected:
         yield _unavailable_values_kept(table, key, last)
@@ -292,17 +295,18 @@ def _capture_lag(table: CapturedTable, key: AssetKey, last: Mapping[str, Any]) -
         return AssetCheckResult(asset_key=key, check_name=CAPTURE_LAG_CHECK, passed=True,
                                 description="the last merge applied no change: no lag to measure",
                                 metadata={"note": "the last merge applied no change"})
-    passed = lag <= table.max_capture_lag_s
+    passed = lag <= table.checks.max_capture_lag_s
     description = (f"the newest change the last merge applied was {duration_text(lag)} old "
-                   f"({'within' if passed else 'beyond'} the bound of {duration_text(table.max_capture_lag_s)})")
+                   f"({'within' if passed else 'beyond'} the bound of {duration_text(table.checks.max_capture_lag_s)})")
     return AssetCheckResult(asset_key=key, check_name=CAPTURE_LAG_CHECK, passed=passed, description=description,
                             severity=AssetCheckSeverity.WARN,
                             metadata={"capture_lag": duration_text(lag), "capture_lag_s": lag,
-                                      "bound_s": table.max_capture_lag_s})
+                                      "bound_s": table.checks.max_capture_lag_s})
 
 
 def _no_dead_letters(table: CapturedTable, key: AssetKey, reads: "RunReads") -> AssetCheckResult:
-    count = reads.dead_letters(table.dead_letter).get(table.topic, 0) if table.dead_letter is not None else 0
+    dead_letter = table.merge.dead_letter
+    count = reads.dead_letters(dead_letter).get(table.topic, 0) if dead_letter is not None else 0
     return AssetCheckResult(asset_key=key, check_name=DEAD_LETTERS_CHECK, passed=count == 0,
                             severity=AssetCheckSeverity.WARN, metadata={"dead_lettered_events": count})
 
@@ -351,8 +355,8 @@ def _unavailable_values_kept(table: CapturedTable, key: AssetKey, last: Mapping[
 
 
 def _consistent_watermark_fresh(table: CapturedTable, key: AssetKey) -> AssetCheckResult:
-    assert table.watermarks is not None
-    latest = latest_watermark(table.watermarks, table.connector)
+    assert table.transactions is not None
+    latest = latest_watermark(table.transactions.watermarks, table.connector)
     if latest is None or latest["transaction_ts"] is None:
         return AssetCheckResult(asset_key=key, check_name=WATERMARK_CHECK, passed=False,
                                 severity=AssetCheckSeverity.WARN,
@@ -360,9 +364,9 @@ def _consistent_watermark_fresh(table: CapturedTable, key: AssetKey) -> AssetChe
                                 metadata={"note": "no consistent watermark recorded yet"})
     age = (datetime.now(timezone.utc) - latest["transaction_ts"]).total_seconds()
     return AssetCheckResult(asset_key=key, check_name=WATERMARK_CHECK,
-                            passed=age <= table.max_watermark_lag_s, severity=AssetCheckSeverity.WARN,
+                            passed=age <= table.checks.max_watermark_lag_s, severity=AssetCheckSeverity.WARN,
                             description=f"the consistent watermark is {duration_text(age)} old (bound "
-                                        f"{duration_text(table.max_watermark_lag_s)})",
+                                        f"{duration_text(table.checks.max_watermark_lag_s)})",
                             metadata={"transaction_id": latest["transaction_id"], "age_s": round(age, 3),
                                       "versions": json.loads(latest["versions"])})
 
@@ -417,11 +421,12 @@ def build_freshness_checks(name: str, tables: Sequence[CapturedTable],
                             "is the broker running, and is kafka.bootstrap_servers in the pipeline config right?")
                     yield _not_evaluated(check_key.asset_key, FRESHNESS_CHECK, why)
                     continue
-                verdict = freshness_verdict(state, table.max_capture_lag_s, heartbeat, table.max_heartbeat_age_s)
+                verdict = freshness_verdict(state, table.checks.max_capture_lag_s, heartbeat,
+                                            table.checks.max_heartbeat_age_s)
                 yield AssetCheckResult(
                     asset_key=check_key.asset_key, check_name=FRESHNESS_CHECK, passed=verdict.passed,
                     description=verdict.reason,
-                    metadata={**freshness_metadata(state, heartbeat), "bound_s": table.max_capture_lag_s})
+                    metadata={**freshness_metadata(state, heartbeat), "bound_s": table.checks.max_capture_lag_s})
 
     return freshness
 
@@ -435,16 +440,16 @@ _COMPARED_ROWS = {"scd1": "rows", "soft_delete": "live rows (not marked deleted)
 def rows_match_source_spec(table: CapturedTable, key: AssetKey) -> AssetCheckSpec:
     """The spec of ``table``'s ``rows_match_source`` check (a table whose connector names a source DSN)."""
     return AssetCheckSpec(ROWS_MATCH_SOURCE_CHECK, asset=key, description=(
-        f"On demand or on its schedule: the {_COMPARED_ROWS[table.apply_mode]} of {table.name}'s Delta table equal "
-        f"the source table's, by counts and checksums per key bucket; a difference is drift only once the changes "
-        f"in flight when it was seen have been applied."))
+        f"On demand or on its schedule: the {_COMPARED_ROWS[table.merge.apply_mode]} of {table.name}'s Delta table "
+        f"equal the source table's, by counts and checksums per key bucket; a difference is drift only once the "
+        f"changes in flight when it was seen have been applied."))
 
 
 def evaluate_rows_match_source(table: CapturedTable, key: AssetKey, spark: SparkResource,
                                kafka: KafkaResource) -> AssetCheckResult:
     """``table``'s ``rows_match_source`` result: the comparison of ``cdc_assets.io.reconcile``, waiting for the
     changes in flight with the table's topic (``events_waiting``) for a table that has none of its own."""
-    settings, dsn_env = table.rows_match_source, table.source_dsn_env
+    settings, dsn_env = table.checks.rows_match_source, table.checks.source_dsn_env
     assert settings is not None and dsn_env is not None
     dsn = os.environ.get(dsn_env)
     if not dsn:
@@ -452,7 +457,7 @@ def evaluate_rows_match_source(table: CapturedTable, key: AssetKey, spark: Spark
                               "(the source database's connection string) is not set")
     writer = DeltaRsWriter()
     progress = writer.read_progress(table.target, table.app_id)
-    keys = table.key_columns or (progress.key_columns if progress else ())
+    keys = table.merge.key_columns or (progress.key_columns if progress else ())
     if progress is None or not keys:
         return _not_evaluated(key, ROWS_MATCH_SOURCE_CHECK, NOT_MATERIALIZED.format(name=table.name))
     connect_url = settings.kafka_connect_url
@@ -461,7 +466,7 @@ def evaluate_rows_match_source(table: CapturedTable, key: AssetKey, spark: Spark
     try:
         session = spark.delta_reading_session
         source = open_source(table.kind, dsn, connector)
-        delta = DeltaSide(session, table.target.path, apply_mode(table.apply_mode, table.kind),
+        delta = DeltaSide(session, table.target.path, apply_mode(table.merge.apply_mode, table.kind),
                           recorded_position(table.target, table.app_id, writer))
         try:
             with FreshnessProbe(kafka.client_settings()) as probe:
@@ -484,7 +489,7 @@ def _rows_match_source_result(table: CapturedTable, key: AssetKey, result: Recon
     drifted = [{"bucket": bucket.bucket, **bucket.counts(),
                 "sample_keys": [f"{d.kind}: {d.display}" for d in bucket.differences[:sample_keys]]}
                for bucket in result.drifted]
-    compared = _COMPARED_ROWS[table.apply_mode]
+    compared = _COMPARED_ROWS[table.merge.apply_mode]
     if result.drifted:
         totals = {kind: sum(bucket.counts()[kind] for bucket in result.drifted)
                   for kind in ("missing", "extra", "different")}
@@ -495,8 +500,8 @@ def _rows_match_source_result(table: CapturedTable, key: AssetKey, result: Recon
         description = (f"{table.name}: {len(result.unsettled)} key bucket(s) differed and the table did not apply "
                        f"the source up to position {result.first_position} in time: not compared again (no drift "
                        "claimed)")
-        if DIALECT_OF_KIND.get(table.kind) == "mysql" and table.rows_match_source is not None and \
-                table.rows_match_source.kafka_connect_url is None:
+        if DIALECT_OF_KIND.get(table.kind) == "mysql" and table.checks.rows_match_source is not None and \
+                table.checks.rows_match_source.kafka_connect_url is None:
             description += ("; a quiet MariaDB/MySQL table settles only with rows_match_source.kafka_connect_url "
                             "(the server does not know how far the connector has read)")
     else:
@@ -508,7 +513,7 @@ def _rows_match_source_result(table: CapturedTable, key: AssetKey, result: Recon
         "in_flight_keys": result.in_flight_keys, "unsettled_buckets": result.unsettled,
         "source_position": result.first_position, "last_source_position": result.last_position,
         "source_s": round(result.source_s, 3), "delta_s": round(result.delta_s, 3),
-        "waited_s": round(result.waited_s, 3), "live_rows_filter": live_rows(apply_mode(table.apply_mode)) or "",
+        "waited_s": round(result.waited_s, 3), "live_rows_filter": live_rows(apply_mode(table.merge.apply_mode)) or "",
     }
     if result.drifted:  # what drift_repair_sensor's targeted snapshot reads (``core.reconcile.DriftedRanges``)
         metadata[DRIFTED_RANGES] = MetadataValue.json(result.drifted_ranges().to_metadata())
@@ -523,7 +528,7 @@ def build_rows_match_source_checks(name: str, tables: Sequence[CapturedTable],
     one subsettable check op named ``name`` (None: no table has one). No job but their own runs them."""
     translator = translator or CdcTranslator()
     by_key = {translator.get_asset_key(table): table for table in tables
-              if table.rows_match_source is not None and not table.retired}
+              if table.checks.rows_match_source is not None and not table.retired}
     if not by_key:
         return None
 

@@ -110,7 +110,7 @@ def test_a_connector_of_many_tables_spreads_over_ops_of_a_bounded_size(tmp_path)
     ] + ["sales_freshness", "sales_table_checks"]
 
     tables = resolve_tables(parse_config(config(tmp_path, 5)))
-    consistent = [t for t in tables if t.transaction_log is not None]  # sales's dbo.orders: the rule alone
+    consistent = [t for t in tables if t.transactions is not None]  # sales's dbo.orders: the rule alone
     groups = op_groups([*tables[:4], *consistent], size=3)
     assert [(suffix, [t.name for t in group]) for suffix, group in groups] == [
         ("", ["dbo.orders", "inventory.t0", "inventory.t1"]), ("_2", ["inventory.t2", "inventory.t3"])]
