@@ -24,6 +24,8 @@ def env_references(value: Any, path: str = "") -> dict[str, tuple[str, ...]]:
 
 
 def interpolate_env(value: Any) -> Any:
+    """``value`` with each ``${VAR}`` in its strings replaced by the variable's value (or the default given);
+    ``KeyError`` names a variable that is not set and has no default."""
     if isinstance(value, str):
 
         def substitute(match: re.Match[str]) -> str:
