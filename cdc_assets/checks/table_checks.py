@@ -15,16 +15,8 @@ from dagster import (
     multi_asset_check,
 )
 
+from cdc_assets import check_names
 from cdc_assets.catalog import CapturedTable
-from cdc_assets.check_names import (
-    CAPTURE_LAG_CHECK,
-    DEAD_LETTERS_CHECK,
-    KEY_CHECK,
-    SCHEMA_CHECK,
-    TRANSACTIONS_CHECK,
-    UNAVAILABLE_CHECK,
-    WATERMARK_CHECK,
-)
 from cdc_assets.checks.merged import (
     RunReads,
     capture_lag_result,
@@ -57,23 +49,23 @@ def evaluate_table_checks(table: CapturedTable, key: AssetKey, selected: set[str
         for name in sorted(selected):
             yield not_evaluated(key, name, NOT_MATERIALIZED.format(name=table.name))
         return
-    if KEY_CHECK in selected:
+    if check_names.KEY_CHECK in selected:
         writer = merged_by or delta.writer_for_schema_changes(spark)
         yield primary_key_result(key, key_report(table, writer, merged.get("key_columns") or ()))
     last: dict[str, Any] = merged  # the metadata of the table's latest materialization
     if latest is not None and latest.asset_materialization is not None:
         last = {name: value.value for name, value in latest.asset_materialization.metadata.items()}
-    if CAPTURE_LAG_CHECK in selected:
+    if check_names.CAPTURE_LAG_CHECK in selected:
         yield capture_lag_result(table, key, last)
-    if DEAD_LETTERS_CHECK in selected:
+    if check_names.DEAD_LETTERS_CHECK in selected:
         yield dead_letters_result(table, key, reads)
-    if SCHEMA_CHECK in selected:
+    if check_names.SCHEMA_CHECK in selected:
         yield schema_result(table, key, delta, spark, reads.registry.get((table.connector, table.name)))
-    if TRANSACTIONS_CHECK in selected and table.transactions is not None:
+    if check_names.TRANSACTIONS_CHECK in selected and table.transactions is not None:
         yield transactions_result(table, key, last)
-    if WATERMARK_CHECK in selected and table.transactions is not None:
+    if check_names.WATERMARK_CHECK in selected and table.transactions is not None:
         yield watermark_result(table, key)
-    if UNAVAILABLE_CHECK in selected:
+    if check_names.UNAVAILABLE_CHECK in selected:
         yield unavailable_result(table, key, last)
 
 
