@@ -22,7 +22,7 @@ from typing import Literal
 
 from pyspark.sql import SparkSession
 
-from cdc_assets.catalog import CapturedTable, pipeline_table_path
+from cdc_assets.catalog import CapturedTable, MergeRules, pipeline_table_path
 from cdc_assets.config import BatchLimits, ConnectorKind
 from cdc_assets.core.apply_modes import ApplyModeName
 from cdc_assets.io.delta import DeltaTarget, DeltaWriter, select_writer
@@ -62,9 +62,11 @@ class TableSpec:
         dead_letter = self.dead_letter_path or pipeline_table_path(self.target.rstrip("/").rsplit("/", 1)[0],
                                                                    "dead_letter")
         return CapturedTable(connector=prefix, kind=self.kind, topic_prefix=prefix, name=name, topic=self.topic,
-                             target=DeltaTarget(self.target, options), key_columns=self.key_columns,
-                             columns=dict(self.columns) if self.columns else None, on_bad_event=self.on_bad_event,
-                             apply_mode=self.apply_mode, dead_letter=DeltaTarget(dead_letter, options))
+                             target=DeltaTarget(self.target, options),
+                             merge=MergeRules(key_columns=self.key_columns,
+                                              columns=dict(self.columns) if self.columns else None,
+                                              apply_mode=self.apply_mode, on_bad_event=self.on_bad_event,
+                                              dead_letter=DeltaTarget(dead_letter, options)))
 
 
 @contextlib.contextmanager

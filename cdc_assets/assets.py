@@ -326,8 +326,9 @@ def merge_table(table: CapturedTable, limits: BatchLimits, peers: Mapping[str, D
     if applied:
         source.commit_group_offsets(table.topic, applied[-1].raw.end_offsets)
     metadata = report_metadata(reports)
-    if table.transaction_log is not None and table.watermarks is not None and applied:
-        watermark = update_watermark(table.connector, table.transaction_log, peers or {}, table.watermarks)
+    if table.transactions is not None and applied:
+        rules = table.transactions
+        watermark = update_watermark(table.connector, rules.log, peers or {}, rules.watermarks)
         if watermark is not None:
             metadata["consistent_watermark"] = MetadataValue.json({
                 "transaction_id": watermark["transaction_id"], "end_offset": watermark["end_offset"],

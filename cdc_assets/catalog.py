@@ -27,8 +27,57 @@ from cdc_assets.io.transactions import TransactionLog
 
 
 @dataclass(frozen=True)
+class MergeRules:
+    """How a table's events become rows of its Delta table: what the micro-batch merge reads and follows."""
+
+    key_columns: tuple[str, ...] | None = None  # None: the record key's fields
+    columns: dict[str, str] | None = None  # {name: Spark SQL type} for a topic whose events carry no schema
+    apply_mode: ApplyModeName = "scd1"
+    column_choices: ColumnChoices = EVERY_COLUMN  # the columns kept, and the update nulls ignored
+    document_fields: tuple[tuple[str, str], ...] = ()  # MongoDB: top-level fields kept as typed columns
+    schema_registry: SchemaRegistrySettings | None = None  # the connector's format is avro: its schemas
+    unavailable_placeholder: str = DEFAULT_UNAVAILABLE_PLACEHOLDER  # the connector's unavailable.value.placeholder
+    on_bad_event: str = "halt"
+    dead_letter: DeltaTarget | None = None
+    on_truncate: str = "halt"
+
+
+@dataclass(frozen=True)
+class TransactionRules:
+    """A table that applies whole transactions only: where their BEGIN/END markers and the consistent
+    watermarks are, and how long a transaction may block the table before it counts as stalled."""
+
+    log: TransactionLog
+    watermarks: DeltaTarget
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class CheckLimits:
+    """What the table's asset checks compare against (beyond what the merge records)."""
+
+    max_capture_lag_s: float = 3600.0
+    max_watermark_lag_s: float = 3600.0
+    max_heartbeat_age_s: float | None = None  # the connector sends heartbeats: how old the newest may be
+    # Where rows_match_source reads the source table (None: the check is not defined for the table).
+    rows_match_source: RowsMatchSourceConfig | None = None
+    source_dsn_env: str | None = None
+
+
+@dataclass(frozen=True)
+class AssetSettings:
+    """How Dagster shows and schedules the table's asset."""
+
+    owners: tuple[str, ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
+    automation: str = "eager"  # how Dagster's declarative automation merges it (config: automation)
+    checks_after_merge: ChecksAfterMerge = "blocking"  # the pipeline's: which checks its merge runs evaluate
+
+
+@dataclass(frozen=True)
 class CapturedTable:
-    """One captured table (Debezium: data collection) with everything a micro-batch needs."""
+    """One captured table (Debezium: data collection): where it comes from and goes, and the settings of
+    each job done with it, grouped by that job."""
 
     connector: str
     kind: str
@@ -36,30 +85,11 @@ class CapturedTable:
     name: str
     topic: str
     target: DeltaTarget
-    key_columns: tuple[str, ...] | None = None
-    columns: dict[str, str] | None = None
-    on_bad_event: str = "halt"
-    apply_mode: ApplyModeName = "scd1"
-    dead_letter: DeltaTarget | None = None
+    merge: MergeRules = MergeRules()
+    transactions: TransactionRules | None = None  # set when the table applies whole transactions only
+    checks: CheckLimits = CheckLimits()
+    asset: AssetSettings = AssetSettings()
     retired: bool = False
-    owners: tuple[str, ...] = ()
-    tags: tuple[tuple[str, str], ...] = ()
-    max_capture_lag_s: float = 3600.0
-    transaction_log: TransactionLog | None = None  # set when the table applies whole transactions only
-    watermarks: DeltaTarget | None = None
-    max_watermark_lag_s: float = 3600.0
-    transaction_timeout_s: float = 300.0  # how long a transaction may block the table before its check fails
-    max_heartbeat_age_s: float | None = None  # the connector sends heartbeats: how old the newest may be
-    unavailable_placeholder: str = DEFAULT_UNAVAILABLE_PLACEHOLDER  # the connector's unavailable.value.placeholder
-    on_truncate: str = "halt"
-    checks_after_merge: ChecksAfterMerge = "blocking"  # the pipeline's: which checks its merge runs evaluate
-    automation: str = "eager"  # how Dagster's declarative automation merges it (config: automation)
-    # Where rows_match_source reads the source table (None: the check is not defined for the table).
-    rows_match_source: RowsMatchSourceConfig | None = None
-    source_dsn_env: str | None = None
-    schema_registry: SchemaRegistrySettings | None = None  # the connector's format is avro: its schemas
-    column_choices: ColumnChoices = EVERY_COLUMN  # the columns kept, and the update nulls ignored
-    document_fields: tuple[tuple[str, str], ...] = ()  # MongoDB: top-level fields kept as typed columns
 
     @property
     def app_id(self) -> str:
@@ -79,7 +109,7 @@ class CapturedTable:
     @property
     def mode(self) -> ApplyMode:
         """The rules of the table's apply mode (``core.apply_modes``), for its connector's kind."""
-        return apply_mode(self.apply_mode, self.kind)
+        return apply_mode(self.merge.apply_mode, self.kind)
 
 
 def pipeline_table_path(root: str, name: str) -> str:
@@ -87,14 +117,16 @@ def pipeline_table_path(root: str, name: str) -> str:
     return root.rstrip("/") + "/_cdc_assets/" + name
 
 
-def _transaction_log(config: PipelineConfig, connector: ConnectorConfig, table: TableConfig) -> TransactionLog | None:
+def _transactions(config: PipelineConfig, connector: ConnectorConfig, table: TableConfig) -> TransactionRules | None:
     consistency = table.consistency or ("transaction" if connector.transaction_metadata else "event")
     if consistency != "transaction":
         return None
     topic = connector.transaction_topic or f"{connector.topic_prefix}.transaction"
-    return TransactionLog(topic, DeltaTarget(pipeline_table_path(config.delta.root, f"transactions/{topic}"),
-                                             dict(config.delta.storage_options)), connector.kind,
-                          schema_registry_settings(connector))
+    options = dict(config.delta.storage_options)
+    log = TransactionLog(topic, DeltaTarget(pipeline_table_path(config.delta.root, f"transactions/{topic}"), options),
+                         connector.kind, schema_registry_settings(connector))
+    return TransactionRules(log, DeltaTarget(pipeline_table_path(config.delta.root, "watermarks"), options),
+                            connector.transaction_timeout_s)
 
 
 def schema_registry_settings(connector: ConnectorConfig) -> SchemaRegistrySettings | None:
@@ -138,28 +170,32 @@ def _captured_table(config: PipelineConfig, connector: ConnectorConfig, table: T
         name=table.name,
         topic=table.topic or f"{connector.topic_prefix}.{table.name}",
         target=DeltaTarget(_table_path(config.delta.root, connector, table, source), options),
-        key_columns=tuple(table.key_columns) if table.key_columns else None,
-        columns=dict(table.columns) if table.columns else None,
-        on_bad_event=table.on_bad_event,
-        apply_mode=table.apply_mode,
-        dead_letter=DeltaTarget(pipeline_table_path(config.delta.root, "dead_letter"), options),
+        merge=MergeRules(
+            key_columns=tuple(table.key_columns) if table.key_columns else None,
+            columns=dict(table.columns) if table.columns else None,
+            apply_mode=table.apply_mode,
+            column_choices=table.column_choices,
+            document_fields=tuple(table.document_fields.items()),
+            schema_registry=schema_registry_settings(connector),
+            unavailable_placeholder=connector.unavailable_value_placeholder,
+            on_bad_event=table.on_bad_event,
+            dead_letter=DeltaTarget(pipeline_table_path(config.delta.root, "dead_letter"), options),
+            on_truncate=table.on_truncate,
+        ),
+        transactions=_transactions(config, connector, table),
+        checks=CheckLimits(
+            max_capture_lag_s=table.max_capture_lag_s or config.max_capture_lag_s,
+            max_watermark_lag_s=connector.max_watermark_lag_s,
+            max_heartbeat_age_s=connector.max_heartbeat_age_s,
+            **_rows_match_source(connector),
+        ),
+        asset=AssetSettings(
+            owners=tuple(table.owners or connector.owners),
+            tags=tuple(sorted({**connector.tags, **table.tags}.items())),
+            automation=table.automation or connector.automation,
+            checks_after_merge=config.checks_after_merge,
+        ),
         retired=entry is not None and entry.status == "retired",
-        owners=tuple(table.owners or connector.owners),
-        tags=tuple(sorted({**connector.tags, **table.tags}.items())),
-        max_capture_lag_s=table.max_capture_lag_s or config.max_capture_lag_s,
-        transaction_log=_transaction_log(config, connector, table),
-        watermarks=DeltaTarget(pipeline_table_path(config.delta.root, "watermarks"), options),
-        max_watermark_lag_s=connector.max_watermark_lag_s,
-        transaction_timeout_s=connector.transaction_timeout_s,
-        max_heartbeat_age_s=connector.max_heartbeat_age_s,
-        checks_after_merge=config.checks_after_merge,
-        unavailable_placeholder=connector.unavailable_value_placeholder,
-        on_truncate=table.on_truncate,
-        automation=table.automation or connector.automation,
-        schema_registry=schema_registry_settings(connector),
-        column_choices=table.column_choices,
-        document_fields=tuple(table.document_fields.items()),
-        **_rows_match_source(connector),
     )
 
 

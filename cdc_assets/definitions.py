@@ -53,8 +53,8 @@ def op_groups(tables: Sequence[CapturedTable], size: int = TABLES_PER_OP) -> lis
     its ops' names: "" for the first (a connector of up to ``size`` tables keeps the names it always had),
     then "_2", "_3"... The transaction-consistent tables all go to the first group, however many: they
     merge one after another, sharing the connector's transaction log and watermark."""
-    consistent = [table for table in tables if table.transaction_log is not None]
-    rest = [table for table in tables if table.transaction_log is None]
+    consistent = [table for table in tables if table.transactions is not None]
+    rest = [table for table in tables if table.transactions is None]
     first = max(size - len(consistent), 0)
     groups = [consistent + rest[:first]]
     groups += [rest[start:start + size] for start in range(first, len(rest), size)]
@@ -123,7 +123,7 @@ def build_definitions(config: PipelineConfig, translator: CdcTranslator | None =
     compaction_job = build_compaction_job(config, live)
     transactional: dict[str, dict[str, DeltaTarget]] = {}
     for table in tables:
-        if table.transaction_log is not None and not table.retired:
+        if table.transactions is not None and not table.retired:
             transactional.setdefault(table.connector, {})[table.name] = table.target
     for connector in config.connectors:
         if connector.name in transactional:

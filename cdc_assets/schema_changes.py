@@ -145,7 +145,7 @@ class SchemaChangeRun:
                 table: CapturedTable) -> dict[str, Any]:
         """Create or evolve the table to its changes' columns that it keeps (``plan_evolution``)."""
         before = self._writer.table_schema(target)
-        plan = plan_evolution(announced, history, before, table_properties(target) or {}, table.column_choices)
+        plan = plan_evolution(announced, history, before, table_properties(target) or {}, table.merge.column_choices)
         changed = self._writer.ensure_columns(target, _arrow(plan.columns), plan.properties) \
             if plan.alters_table else []
         # Rows last changed before the rename hold their value under the old name: the new one gets it, so a
@@ -199,7 +199,8 @@ class SchemaChangeRun:
         old_schema = self._writer.table_schema(target)
         assert old_schema is not None  # ``holds_rows_from_before`` found the table
         self._writer.ensure_columns(aside, _arrow(old_schema), {RETIRED_PROPERTY: "true"})
-        self._writer.empty_table(target, _arrow(incarnation_columns(history, table.apply_mode, table.column_choices)),
+        columns = incarnation_columns(history, table.merge.apply_mode, table.merge.column_choices)
+        self._writer.empty_table(target, _arrow(columns),
                                  incarnation_properties(drop, earlier, aside.path))
         self._log.info(f"{table.name} was dropped at {drop.source_position} and created again: its {rows} rows "
                        f"from before are now at {aside.path} (retired); the table starts empty")

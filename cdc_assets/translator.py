@@ -46,29 +46,29 @@ class CdcTranslator:
 
     def get_owners(self, table: CapturedTable) -> list[str]:
         """The owners from the config (table entries override their connector's)."""
-        return list(table.owners)
+        return list(table.asset.owners)
 
     def get_tags(self, table: CapturedTable) -> dict[str, str]:
         """The tags from the config, plus ``cdc_assets/status`` (``active`` or ``retired``)."""
-        return {**dict(table.tags), STATUS_TAG: "retired" if table.retired else "active"}
+        return {**dict(table.asset.tags), STATUS_TAG: "retired" if table.retired else "active"}
 
     def get_description(self, table: CapturedTable) -> str:
         """Where the table comes from and goes, and how it is applied."""
-        keys = ", ".join(table.key_columns) if table.key_columns else "from the record key"
+        keys = ", ".join(table.merge.key_columns) if table.merge.key_columns else "from the record key"
         return (f"`{table.name}` captured by {table.kind} connector `{table.connector}`: topic `{table.topic}` "
-                f"merged into Delta at `{table.target.path}` (keys: {keys}; apply mode {table.apply_mode}; "
-                f"bad events: {table.on_bad_event}).")
+                f"merged into Delta at `{table.target.path}` (keys: {keys}; apply mode {table.merge.apply_mode}; "
+                f"bad events: {table.merge.on_bad_event}).")
 
     def get_metadata(self, table: CapturedTable) -> dict[str, Any]:
         """The asset's static metadata."""
         return {"topic": table.topic, "delta_path": MetadataValue.path(table.target.path),
                 "connector": table.connector, "connector_kind": table.kind, "source_table": table.name,
-                "apply_mode": table.apply_mode, "retired": table.retired}
+                "apply_mode": table.merge.apply_mode, "retired": table.retired}
 
     def get_automation_condition(self, table: CapturedTable) -> AutomationCondition | None:
         """``eager`` (the config's default): merged when an observation of its topic shows new events, not while
         a merge of it runs (the automation sensor, off until turned on, requests the runs); ``none``: None."""
-        return AutomationCondition.eager() if table.automation == "eager" else None
+        return AutomationCondition.eager() if table.asset.automation == "eager" else None
 
     def get_freshness_policy(self, table: CapturedTable) -> FreshnessPolicy | None:
         """Dagster's freshness: the table was merged within its capture-lag bound. It counts
@@ -76,4 +76,4 @@ class CdcTranslator:
         none), so it tells how long ago the table last changed; the ``freshness`` check tells a quiet source
         from a stalled pipeline whatever runs."""
         # Dagster takes no window under a minute.
-        return FreshnessPolicy.time_window(fail_window=timedelta(seconds=max(60.0, table.max_capture_lag_s)))
+        return FreshnessPolicy.time_window(fail_window=timedelta(seconds=max(60.0, table.checks.max_capture_lag_s)))

@@ -140,7 +140,7 @@ def make_drift_repair_sensor(tables: Sequence[CapturedTable], connectors: Sequen
     translator = translator or CdcTranslator()
     by_name = {connector.name: connector for connector in connectors}
     repairable = {translator.get_asset_key(table): table for table in tables
-                  if table.rows_match_source is not None and not table.retired
+                  if table.checks.rows_match_source is not None and not table.retired
                   and by_name[table.connector].signal is not None and table.connector in check_jobs}
     if not repairable:
         return None
@@ -221,12 +221,12 @@ def make_drift_repair_sensor(tables: Sequence[CapturedTable], connectors: Sequen
             return None
         if runs[0].status != DagsterRunStatus.SUCCESS:
             return None  # the signal is not sent yet
-        settings = table.rows_match_source
-        assert settings is not None and table.source_dsn_env is not None
+        settings = table.checks.rows_match_source
+        assert settings is not None and table.checks.source_dsn_env is not None
         if repair.expected_reads is None:
-            dsn = os.environ.get(table.source_dsn_env)
+            dsn = os.environ.get(table.checks.source_dsn_env)
             if not dsn:
-                context.log.warning(f"{name}: the environment variable {table.source_dsn_env} (the source "
+                context.log.warning(f"{name}: the environment variable {table.checks.source_dsn_env} (the source "
                                     f"database's connection string) is not set: repair {repair.id} waits for it")
                 return None
             try:

@@ -62,7 +62,7 @@ def make_schema_change_sensor(config: PipelineConfig, table_for: Callable[[str, 
                             continue
                         table = table_for(connector.name, change.name)
                         announced = AnnouncedChange(connector.name, change, event.source_position, topic,
-                                                    partition, offset, table.apply_mode)
+                                                    partition, offset, table.merge.apply_mode)
                         run_config = SchemaChangeConfig.of(announced, translator.get_asset_key(table),
                                                            table.target.path).run_config()
                         requests.append(RunRequest(

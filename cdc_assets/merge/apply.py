@@ -46,15 +46,15 @@ def apply_batch(writer: BatchWriter, table: CapturedTable, prepared: Prepared) -
     if prepared.summary.bad_events:
         bad, events = prepared.summary.bad_events, prepared.events
         assert events is not None
-        if table.on_bad_event != "dead_letter" or table.dead_letter is None:
+        if table.merge.on_bad_event != "dead_letter" or table.merge.dead_letter is None:
             first = bad[0]
             reason = explain_bad_value(_value_at(events, first.partition, first.offset), first.reason)
             raise BadEventError(table.topic, first.partition, first.offset, reason, table.name, len(bad))
         mark = time.perf_counter()
-        write_dead_letters(table.dead_letter, dead_letter_rows(table.topic, table.name, events, bad))
+        write_dead_letters(table.merge.dead_letter, dead_letter_rows(table.topic, table.name, events, bad))
         dead_lettered = len(bad)
         timings["dead_letter_s"] = time.perf_counter() - mark
-    if prepared.summary.truncates and table.on_truncate == "halt":
+    if prepared.summary.truncates and table.merge.on_truncate == "halt":
         truncate = prepared.summary.truncates[0]
         raise TruncateError(table.topic, truncate.partition, truncate.offset, table.name)
     truncation = batch_truncation(table, prepared.summary)

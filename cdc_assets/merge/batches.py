@@ -88,7 +88,7 @@ def _pipelined(table: CapturedTable, writer: BatchWriter) -> bool:
     allow it (``folds_ahead``), its batches must not be cut to whole transactions (which reads the
     transaction topic with the same consumer), and the writer must not use the Spark session that
     folds (delta-spark MERGEs through it)."""
-    return table.mode.folds_ahead and table.transaction_log is None and writer.name == "delta-rs"
+    return table.mode.folds_ahead and table.transactions is None and writer.name == "delta-rs"
 
 
 def _progress_after(prepared: Prepared, table: CapturedTable) -> TableProgress:

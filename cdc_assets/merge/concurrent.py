@@ -95,8 +95,8 @@ def merge_concurrently(tables: Mapping[K, CapturedTable], merge: MergeOne[K, R],
         writer = writer_for(session)
         return logs[key] if key in logs and isinstance(writer, DeltaRsWriter) else writer
 
-    transactional = [key for key, table in busy.items() if table.transaction_log is not None]
-    units = collections.deque([[key] for key, table in busy.items() if table.transaction_log is None])
+    transactional = [key for key, table in busy.items() if table.transactions is not None]
+    units = collections.deque([[key] for key, table in busy.items() if table.transactions is None])
     if transactional:
         units.appendleft(transactional)
     merges: dict[K, Future[TableMerge[R]]] = {key: Future() for key in busy}

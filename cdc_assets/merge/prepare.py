@@ -54,7 +54,7 @@ def truncated_at(progress: TableProgress | None) -> str | None:
 
 def batch_truncation(table: CapturedTable, summary: BatchSummary | None) -> Truncation | None:
     """The TRUNCATE a batch applies: its latest, for a table whose ``on_truncate`` is apply."""
-    return latest_truncation(summary.truncates) if summary is not None and table.on_truncate == "apply" else None
+    return latest_truncation(summary.truncates) if summary is not None and table.merge.on_truncate == "apply" else None
 
 
 def fold(writer: BatchWriter, table: CapturedTable, layout: ChangeEventLayout, decoded: DataFrame,
@@ -69,7 +69,7 @@ def fold(writer: BatchWriter, table: CapturedTable, layout: ChangeEventLayout, d
 
     rows, summary = table.mode.rows(decoded, layout, stored) if folded is None else \
         table.mode.completed(*folded, decoded, layout, stored)
-    if table.on_truncate != "apply":
+    if table.merge.on_truncate != "apply":
         return rows, summary
     mark = truncation_mark(truncated_at(progress), latest_truncation(summary.truncates))
     if not wiped_by(summary, mark):
@@ -186,7 +186,7 @@ def fold_read(spark: SparkSession, source: KafkaSource, writer: BatchWriter, tab
     # The local hand-over first reads a batch without its fallback for unreadable lines (less Spark CPU
     # a batch); a batch with any bad event is read again, exactly, so that bad events get the exact
     # verdict. Batches cut to whole transactions are read exactly at once: the cut counts good events.
-    exact = table.transaction_log is not None or not is_local(spark)
+    exact = table.transactions is not None or not is_local(spark)
     with contextlib.ExitStack() as scratch:
         mark = time.perf_counter()
         frame = scratch.enter_context(spark_records(spark, handed, value_type(read_as), exact))
@@ -194,7 +194,7 @@ def fold_read(spark: SparkSession, source: KafkaSource, writer: BatchWriter, tab
         mark = time.perf_counter()
         decoded = decode_change_events(frame, read_as)
         transactions: TransactionStatus | None = None
-        if table.transaction_log is not None:
+        if table.transactions is not None:
             cut_offsets, transactions, read_again = whole_transactions(
                 source, table, raw, progress, decoded, read_as.key_columns, limits, until)
             if read_again is not None:  # its first transaction fits once later ones are left out: read it whole

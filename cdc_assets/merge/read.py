@@ -46,9 +46,9 @@ def derive_batch_layout(table: CapturedTable, raw: RawBatch, samples: tuple[list
     if existing is not None:
         existing_rows = StructType([f for f in existing.fields if not f.name.startswith(HIDDEN_PREFIX)])
     try:
-        layout = derive_layout(table.kind, *samples, table.key_columns, table.columns, existing_rows,
-                               table.unavailable_placeholder, key_columns, dict(table.document_fields))
-        choices = table.column_choices
+        layout = derive_layout(table.kind, *samples, table.merge.key_columns, table.merge.columns, existing_rows,
+                               table.merge.unavailable_placeholder, key_columns, dict(table.merge.document_fields))
+        choices = table.merge.column_choices
         # A column the choices name is unknown where the batch's newest event shows the columns without it.
         return choices.applied_to(layout, shown_columns(samples[1]) if choices.named else None)
     except LayoutError as exc:
@@ -67,8 +67,8 @@ def read_batch(source: KafkaSource, table: CapturedTable, limits: BatchLimits, o
     # Read the next batch while this one is applied; not for tables cut to whole transactions, whose
     # batches also read the transaction topic with the same consumer.
     raw = source.read_batch(table.topic, offsets, limits.max_records, limits.max_bytes, limits.poll_timeout_s,
-                            read_ahead=table.transaction_log is None, until=until, cut=cut,
-                            decode=record_decoder(table.schema_registry))
+                            read_ahead=table.transactions is None, until=until, cut=cut,
+                            decode=record_decoder(table.merge.schema_registry))
     checkpoint("consumed")
     is_tombstone = pc.is_null(raw.records["value"])
     tombstones = pc.sum(is_tombstone).as_py() or 0
@@ -81,7 +81,7 @@ def key_change_cut_for(table: CapturedTable, existing: StructType | None,
     (``core.key_changes``), for the source to cut it before it reads the next batch ahead: only where
     values can carry the unavailable-value placeholder (None: never cut; batches cut to whole transactions
     keep a key change's two events together already)."""
-    if table.kind not in PLACEHOLDER_KINDS or table.transaction_log is not None:
+    if table.kind not in PLACEHOLDER_KINDS or table.transactions is not None:
         return None
 
     def cut(raw: RawBatch) -> dict[int, int] | None:

@@ -71,7 +71,7 @@ class FirstBatch:
 def reads_first(table: CapturedTable) -> bool:
     """Whether ``table``'s first batch may join a shared plan: a table not cut to whole transactions (those
     read the transaction topic with the batch), whose apply mode's fold is ``fold_batch`` alone."""
-    return table.transaction_log is None and table.mode.folds_together
+    return table.transactions is None and table.mode.folds_together
 
 
 def shares_plan(read: ToFold, limits: BatchLimits) -> bool:

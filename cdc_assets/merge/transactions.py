@@ -63,8 +63,8 @@ def whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch,
     ``BatchTooSmallError`` when the first one does not fit: the batch, with every later transaction left
     out, is full before it holds the events its END announces.
     ``until``: the offsets the batch was read up to, when it was such a second read."""
-    log = table.transaction_log
-    assert log is not None
+    assert table.transactions is not None
+    log = table.transactions.log
     ingest_transactions(source, log)
     events = (decoded.where(F.col(TRANSACTION_COLUMN).isNotNull())
               .select(TRANSACTION_COLUMN, PARTITION_COLUMN, OFFSET_COLUMN, event_identity(key_columns).alias("event"),
@@ -112,7 +112,7 @@ def whole_transactions(source: KafkaSource, table: CapturedTable, raw: RawBatch,
         incomplete={tx: TransactionCount(n, e) for tx, (n, e) in waiting if e is not None and caught_up},
         # the batch applies nothing while these wait, and they have waited past the table's timeout
         stalled={tx: TransactionCount(n, e, waited[tx]) for tx, (n, e) in waiting
-                 if applicable is None and read_again is None and waited.get(tx, 0.0) >= table.transaction_timeout_s},
+                 if applicable is None and read_again is None and waited.get(tx, 0.0) >= table.transactions.timeout_s},
         applied_in=applied_positions(applied_in, cut, seen, ends),
     )
     return applicable, status, read_again

@@ -224,7 +224,7 @@ def test_the_component_takes_the_column_choices_and_refuses_bad_ones_naming_the_
     component = CdcComponent(kafka={"bootstrap_servers": "x:1"}, delta={"root": "/tmp/x"},
                              connectors=[{"name": "a", "kind": "postgresql", "topic.prefix": "a", "tables": [table]}])
     [captured] = resolve_tables(component.pipeline_config())
-    assert captured.column_choices == ColumnChoices(exclude=("ssn",), ignore_null_updates=True)
+    assert captured.merge.column_choices == ColumnChoices(exclude=("ssn",), ignore_null_updates=True)
     bad = CdcComponent(kafka={"bootstrap_servers": "x:1"}, delta={"root": "/tmp/x"},
                        connectors=[{"name": "a", "kind": "postgresql", "topic.prefix": "a",
                                     "tables": [{**table, "exclude_columns": ["id"]}]}])

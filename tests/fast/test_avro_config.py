@@ -37,7 +37,7 @@ def load_error(text: str) -> str:
 
 def test_json_is_the_default_and_reads_no_registry():
     (table,) = resolve_tables(parse_config(CONFIG))
-    assert table.schema_registry is None
+    assert table.merge.schema_registry is None
 
 
 def test_avro_with_a_registry_reaches_every_table_and_the_transaction_log():
@@ -47,8 +47,8 @@ def test_avro_with_a_registry_reaches_every_table_and_the_transaction_log():
                                 "      basic_auth_password_env: REGISTRY_PASSWORD\n")
     (table,) = resolve_tables(parse_config(text))
     expected = SchemaRegistrySettings("http://registry:8080/apis/ccompat/v7", "REGISTRY_USER", "REGISTRY_PASSWORD")
-    assert table.schema_registry == expected
-    assert table.transaction_log is not None and table.transaction_log.schema_registry == expected
+    assert table.merge.schema_registry == expected
+    assert table.transactions is not None and table.transactions.log.schema_registry == expected
 
 
 def test_avro_without_a_registry_is_refused_naming_line_and_field():
@@ -165,5 +165,5 @@ def doc_block(language: str) -> str:
 
 def test_the_docs_config_loads_as_written():
     (table,) = resolve_tables(parse_config(doc_block("yaml"), source="docs/connectors/avro.md"))
-    assert table.schema_registry == SchemaRegistrySettings(
+    assert table.merge.schema_registry == SchemaRegistrySettings(
         "http://registry.example.internal:8080/apis/ccompat/v7", "REGISTRY_USER", "REGISTRY_PASSWORD")

@@ -37,11 +37,11 @@ def config(choices: str, kind: str = "postgresql"):
 
 def test_the_choices_reach_the_captured_table():
     [table] = resolve_tables(config("        exclude_columns: [ssn]\n        ignore_null_updates: [email]"))
-    assert table.column_choices == ColumnChoices(exclude=("ssn",), ignore_null_updates=("email",))
+    assert table.merge.column_choices == ColumnChoices(exclude=("ssn",), ignore_null_updates=("email",))
     [table] = resolve_tables(config("        include_columns: [name]\n        ignore_null_updates: true"))
-    assert table.column_choices == ColumnChoices(include=("name",), ignore_null_updates=True)
+    assert table.merge.column_choices == ColumnChoices(include=("name",), ignore_null_updates=True)
     [table] = resolve_tables(config(""))
-    assert table.column_choices == EVERY_COLUMN
+    assert table.merge.column_choices == EVERY_COLUMN
 
 
 @pytest.mark.parametrize(("choices", "problem"), [
@@ -67,7 +67,7 @@ def test_inconsistent_choices_are_refused_at_load_naming_the_line(choices, probl
 
 def test_scd2_choices_reach_the_captured_table():
     [table] = resolve_tables(config("        apply_mode: scd2\n        track_history_except_columns: [seen_at]"))
-    assert table.column_choices == ColumnChoices(track_history_except=("seen_at",))
+    assert table.merge.column_choices == ColumnChoices(track_history_except=("seen_at",))
 
 
 def test_documents_take_no_column_choices():

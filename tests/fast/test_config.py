@@ -27,7 +27,7 @@ connectors:
 
 def test_valid_config_resolves_topics_and_paths():
     tables = resolve_tables(parse_config(VALID))
-    assert [(t.topic, t.target.path, t.key_columns) for t in tables] == [
+    assert [(t.topic, t.target.path, t.merge.key_columns) for t in tables] == [
         ("dbserver1.inventory.customers", "/data/delta/dbserver1/inventory/customers", None),
         ("dbserver1.inventory.orders", "/data/delta/custom/orders", ("order_id",)),
     ]
@@ -97,7 +97,7 @@ def test_mongodb_collections_take_scd2_and_document_fields():
     text = MONGODB.replace("        path: custom/orders\n", "        path: custom/orders\n        apply_mode: scd2\n"
                            "        document_fields: {status: string, qty: bigint, total: 'decimal(10,2)'}\n")
     orders = resolve_tables(parse_config(text))[1]
-    assert orders.apply_mode == "scd2" and orders.document_fields == (
+    assert orders.merge.apply_mode == "scd2" and orders.merge.document_fields == (
         ("status", "string"), ("qty", "bigint"), ("total", "decimal(10,2)"))
 
 
@@ -139,13 +139,13 @@ def test_the_class_archive_is_for_a_runs_own_jvm_only(tmp_path, monkeypatch):
 def test_placeholder_and_truncate_policy_reach_each_table():
     tables = resolve_tables(parse_config(VALID))
     # Defaults: Debezium's own placeholder, and a TRUNCATE halts (it never empties a table unasked).
-    assert [(t.unavailable_placeholder, t.on_truncate) for t in tables] == [
+    assert [(t.merge.unavailable_placeholder, t.merge.on_truncate) for t in tables] == [
         ("__debezium_unavailable_value", "halt"), ("__debezium_unavailable_value", "halt")]
     custom = VALID.replace("    topic.prefix: dbserver1\n",
                            "    topic.prefix: dbserver1\n    unavailable.value.placeholder: __toast__\n").replace(
         "        path: custom/orders\n", "        path: custom/orders\n        on_truncate: ignore\n")
     tables = resolve_tables(parse_config(custom))
-    assert [(t.unavailable_placeholder, t.on_truncate) for t in tables] == [("__toast__", "halt"),
+    assert [(t.merge.unavailable_placeholder, t.merge.on_truncate) for t in tables] == [("__toast__", "halt"),
                                                                              ("__toast__", "ignore")]
     with pytest.raises(ConfigError, match=r"on_truncate: Input should be 'halt', 'ignore' or 'apply'"):
         parse_config(custom.replace("on_truncate: ignore", "on_truncate: drop"))
@@ -166,8 +166,9 @@ def test_the_documented_config_example_loads_as_written():
     history = next(t for t in resolve_tables(config, list_topics=lambda: []) if t.name.endswith("_history"))
     assert history.source_table == "inventory.customers"
     [orders] = resolve_tables(parse_config(mongodb))
-    assert (orders.topic, orders.apply_mode, orders.document_fields) == ("mongo1.inventory.orders", "scd2", (
-        ("status", "string"), ("qty", "bigint"), ("total", "decimal(10,2)"), ("placed", "timestamp")))
+    assert (orders.topic, orders.merge.apply_mode, orders.merge.document_fields) == (
+        "mongo1.inventory.orders", "scd2",
+        (("status", "string"), ("qty", "bigint"), ("total", "decimal(10,2)"), ("placed", "timestamp")))
 
 
 def test_a_run_names_a_kafka_secret_variable_that_is_not_set(monkeypatch):

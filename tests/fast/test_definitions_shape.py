@@ -9,7 +9,8 @@ from dagster import AssetKey, MaterializeResult
 from cdc_assets.assets import report_metadata
 from cdc_assets.catalog import resolve_tables
 from cdc_assets.check_names import UNAVAILABLE_CHECK
-from cdc_assets.checks import _primary_key, evaluate_table_checks, merge_run_checks
+from cdc_assets.checks import evaluate_table_checks, merge_run_checks
+from cdc_assets.checks.merged import primary_key_result
 from cdc_assets.config import parse_config
 from cdc_assets.core.fold import BatchSummary
 from cdc_assets.definitions import TABLES_PER_OP, build_definitions, op_groups
@@ -110,7 +111,7 @@ def test_a_connector_of_many_tables_spreads_over_ops_of_a_bounded_size(tmp_path)
     ] + ["sales_freshness", "sales_table_checks"]
 
     tables = resolve_tables(parse_config(config(tmp_path, 5)))
-    consistent = [t for t in tables if t.transaction_log is not None]  # sales's dbo.orders: the rule alone
+    consistent = [t for t in tables if t.transactions is not None]  # sales's dbo.orders: the rule alone
     groups = op_groups([*tables[:4], *consistent], size=3)
     assert [(suffix, [t.name for t in group]) for suffix, group in groups] == [
         ("", ["dbo.orders", "inventory.t0", "inventory.t1"]), ("_2", ["inventory.t2", "inventory.t3"])]
@@ -118,11 +119,11 @@ def test_a_connector_of_many_tables_spreads_over_ops_of_a_bounded_size(tmp_path)
 
 def test_the_primary_key_check_fails_on_a_duplicate_or_a_null_key_and_says_which() -> None:
     key = AssetKey("t")
-    assert _primary_key(key, KeyReport(rows=5, duplicate_keys=0, null_keys=0)).passed
-    assert _primary_key(key, None).passed  # no batch applied yet
-    nulls = _primary_key(key, KeyReport(rows=5, duplicate_keys=0, null_keys=2))
+    assert primary_key_result(key, KeyReport(rows=5, duplicate_keys=0, null_keys=0)).passed
+    assert primary_key_result(key, None).passed  # no batch applied yet
+    nulls = primary_key_result(key, KeyReport(rows=5, duplicate_keys=0, null_keys=2))
     assert not nulls.passed and nulls.description == "2 row(s) have a null key"
-    both = _primary_key(key, KeyReport(rows=5, duplicate_keys=1, null_keys=2))
+    both = primary_key_result(key, KeyReport(rows=5, duplicate_keys=1, null_keys=2))
     assert not both.passed and both.description == "1 key(s) appear more than once; 2 row(s) have a null key"
     metadata = {name: value.value for name, value in both.metadata.items()}
     assert metadata == {"rows": 5, "duplicate_keys": 1, "null_keys": 2}

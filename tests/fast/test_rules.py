@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from pyspark.sql import types as T
 
-from cdc_assets.catalog import CapturedTable
+from cdc_assets.catalog import AssetSettings, CapturedTable
 from cdc_assets.core.schema_change import SchemaChangeError, diff_schema, parse_schema_change, table_name_from_id
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.freshness import TableFreshness, freshness_verdict
@@ -103,7 +103,8 @@ def test_a_snapshot_drop_is_not_acted_on_and_unsigned_bigints_are_decimals():
 
 def test_the_translator_names_every_table_the_same_way():
     table = CapturedTable("inventory-eu", "postgresql", "db.server1", "in.ventory.My-Table", "t",
-                          DeltaTarget("/x"), owners=("team:data",), tags=(("tier", "gold"),), retired=True)
+                          DeltaTarget("/x"), asset=AssetSettings(owners=("team:data",), tags=(("tier", "gold"),)),
+                          retired=True)
     translator = CdcTranslator()
     assert translator.get_asset_key(table).path == ["db_server1", "in", "ventory", "My_Table"]
     assert translator.get_group_name(table) == "inventory_eu"

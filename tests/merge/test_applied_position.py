@@ -6,13 +6,12 @@ it from there (``io.reconcile.recorded_position``) instead of scanning the table
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 
 from cdc_assets.demo.events import envelope, postgres_source
 from cdc_assets.io.reconcile import DeltaSide, recorded_position
-from tests.support.merges import captured_table, run_batch
+from tests.support.merges import captured_table, run_batch, with_merge
 from tests.support.topics import new_topic, produce
 
 COLUMNS = {"id": "bigint", "v": "string"}
@@ -31,7 +30,7 @@ def change(lsn: int, op: str, key: int) -> list[tuple[bytes, bytes | None]]:
 @pytest.mark.parametrize("mode", ["scd1", "soft_delete", "scd2"])
 def test_each_commit_records_the_greatest_source_position_applied(spark, broker, writer, tmp_path, mode):
     topic = new_topic(broker, "dbserver1.s.t")
-    table = replace(captured_table(topic, tmp_path, columns=COLUMNS), apply_mode=mode)
+    table = with_merge(captured_table(topic, tmp_path, columns=COLUMNS), apply_mode=mode)
     recorded = recorded_position(table.target, table.app_id)
 
     def after(*records: tuple[bytes, bytes | None]) -> str:

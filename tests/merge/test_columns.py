@@ -5,7 +5,6 @@ compared with a plain-Python reference of what each choice means."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from datetime import timezone
 
 import pytest
@@ -15,7 +14,7 @@ from cdc_assets.core.layout import LayoutError
 from cdc_assets.demo.events import envelope, postgres_source
 from cdc_assets.io.delta import DeltaRsWriter
 from tests.support.key_changes import scd2_versions
-from tests.support.merges import captured_table, read_rows, run_batch
+from tests.support.merges import captured_table, read_rows, run_batch, with_merge
 from tests.support.topics import new_topic, produce
 
 
@@ -44,7 +43,7 @@ def test_a_table_keeps_only_the_chosen_columns_whatever_the_events_add(spark, br
     """Excluded columns never reach the table, while a value schema adds another one (the MERGE's schema
     evolution, or the writer's before scd2's MERGE); with include_columns, only those and the key."""
     topic = new_topic(broker, "dbserver1.s.t")
-    table = replace(captured_table(topic, tmp_path / mode), apply_mode=mode, column_choices=choices)
+    table = with_merge(captured_table(topic, tmp_path / mode), apply_mode=mode, column_choices=choices)
     produce(broker, topic, change("c", 1, 10, schemas=True, v="a", secret="s1", token="t0"))
     run_batch(spark, broker, writer, table)
     produce(broker, topic, [*change("u", 1, 20, schemas=True, v="b", secret="s2", x=7, token="t"),
@@ -65,12 +64,12 @@ def test_an_unknown_column_is_named_at_the_first_event_that_shows_the_columns(sp
     nothing; a batch whose events show no columns (a TRUNCATE's) cannot tell, and is not refused for it."""
     writer = DeltaRsWriter()
     topic = new_topic(broker, "dbserver1.s.t")
-    table = replace(captured_table(topic, tmp_path), column_choices=ColumnChoices(include=("v", "nope")))
+    table = with_merge(captured_table(topic, tmp_path), column_choices=ColumnChoices(include=("v", "nope")))
     produce(broker, topic, change("c", 1, 10, v="a", secret="s"))
     with pytest.raises(LayoutError, match=r"table 's\.t', topic dbserver1\.s\.t.*\['nope'\]"):
         run_batch(spark, broker, writer, table)
     assert writer.table_schema(table.target) is None
-    keyed = replace(table, column_choices=ColumnChoices(exclude=("id",)))
+    keyed = with_merge(table, column_choices=ColumnChoices(exclude=("id",)))
     with pytest.raises(LayoutError, match=r"exclude_columns names key column\(s\) \['id'\]"):
         run_batch(spark, broker, writer, keyed)
 
@@ -112,8 +111,8 @@ def test_an_update_s_null_keeps_the_value_in_the_batch_else_in_the_table(spark, 
     """Several updates of a key in one batch fold into one row (scd2: one version each): a later update's
     ignored null takes the earlier update's value, else the table's; creates and deletes are unchanged."""
     topic = new_topic(broker, "dbserver1.s.t")
-    table = replace(captured_table(topic, tmp_path, columns={"id": "bigint", "v": "string", "n": "bigint"}),
-                    apply_mode=mode, column_choices=ColumnChoices(ignore_null_updates=ignored))
+    table = with_merge(captured_table(topic, tmp_path, columns={"id": "bigint", "v": "string", "n": "bigint"}),
+                       apply_mode=mode, column_choices=ColumnChoices(ignore_null_updates=ignored))
     names = ("v", "n") if ignored is True else ignored
     produce_history(broker, topic, FIRST)
     run_batch(spark, broker, writer, table)
@@ -185,8 +184,8 @@ def test_scd2_opens_a_version_only_for_a_tracked_column_s_change(spark, broker, 
     batch that opened it and in a later one; a tracked change, a delete and a primary-key change end it as
     without the choice, and a late read older than a change in place changes nothing."""
     topic = new_topic(broker, "dbserver1.s.t")
-    table = replace(captured_table(topic, tmp_path, columns={"id": "bigint", "v": "string", "n": "bigint"}),
-                    apply_mode="scd2", column_choices=ColumnChoices(track_history_except=("n",)))
+    table = with_merge(captured_table(topic, tmp_path, columns={"id": "bigint", "v": "string", "n": "bigint"}),
+                       apply_mode="scd2", column_choices=ColumnChoices(track_history_except=("n",)))
     for batch in TRACKED:
         produce_history(broker, topic, batch)
         run_batch(spark, broker, writer, table)

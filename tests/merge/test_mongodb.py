@@ -2,7 +2,6 @@
 descriptions (Debezium's documentation), on real parts."""
 
 import json
-from dataclasses import replace
 from datetime import datetime, timezone
 from decimal import Decimal
 
@@ -10,7 +9,7 @@ import pytest
 
 from cdc_assets.merge import BadEventError
 from tests.support.key_changes import scd2_versions
-from tests.support.merges import captured_table, read_rows, run_batch
+from tests.support.merges import captured_table, read_rows, run_batch, with_merge
 from tests.support.topics import new_topic, produce
 
 ID = json.dumps({"$numberLong": "1004"})
@@ -177,7 +176,7 @@ def test_change_streams_update_descriptions_apply_as_patches(spark, broker, writ
     """capture.mode change_streams: updates carry updateDescription (updatedFields as JSON text, with dotted
     paths; removedFields; truncatedArrays) and no after; with full documents, after wins."""
     topic = new_topic(broker, "fulfillment.inventory.customers")
-    table = replace(captured_table(topic, tmp_path, kind="mongodb"), apply_mode=mode)
+    table = with_merge(captured_table(topic, tmp_path, kind="mongodb"), apply_mode=mode)
     produce(broker, topic, [(KEY, mongo_event("c", 1, after=DOC_BEFORE))])
     run_batch(spark, broker, writer, table)
     produce(broker, topic, [
@@ -202,7 +201,7 @@ def test_change_streams_update_descriptions_apply_as_patches(spark, broker, writ
 
 def test_scd2_keeps_each_documents_versions(spark, broker, writer, tmp_path):
     topic = new_topic(broker, "fulfillment.inventory.versions", partitions=1)
-    table = replace(captured_table(topic, tmp_path, kind="mongodb"), apply_mode="scd2")
+    table = with_merge(captured_table(topic, tmp_path, kind="mongodb"), apply_mode="scd2")
     doc = {"_id": {"$numberLong": "1004"}, "a": {"b": 1}}
     produce(broker, topic, [(KEY, mongo_event("c", 1, after=json.dumps(doc))),
                             (KEY, mongo_event("u", 2, patch='{"$set":{"a.c":2}}'))])
@@ -228,7 +227,7 @@ def test_document_fields_are_typed_columns_beside_the_document(spark, broker, wr
     topic = new_topic(broker, "fulfillment.inventory.orders")
     fields = (("status", "string"), ("qty", "bigint"), ("total", "decimal(10,2)"), ("placed", "timestamp"),
               ("missing", "boolean"))
-    table = replace(captured_table(topic, tmp_path, kind="mongodb"), document_fields=fields)
+    table = with_merge(captured_table(topic, tmp_path, kind="mongodb"), document_fields=fields)
     order = {"_id": {"$numberLong": "1004"}, "status": "new", "qty": {"$numberLong": "3"},
              "total": {"$numberDecimal": "12.50"}, "placed": {"$date": 1558965508000}}
     produce(broker, topic, [(KEY, mongo_event("c", 1, after=json.dumps(order))),

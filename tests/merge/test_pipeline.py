@@ -4,7 +4,6 @@ import base64
 import datetime as dt
 import json
 import threading
-from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,7 +16,7 @@ from cdc_assets.demo.events import db2_source, encode_key, envelope, postgres_so
 from cdc_assets.io.delta import DeltaRsWriter
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.merge import BadEventError, faults, merge_micro_batches
-from tests.support.merges import captured_table, read_rows, run_batch
+from tests.support.merges import captured_table, read_rows, run_batch, with_merge
 from tests.support.topics import new_topic, produce
 
 # Copies of ../shared/data/debezium-captures (real Debezium events, Apache License 2.0; see their README).
@@ -214,8 +213,6 @@ def test_seed_sqlserver_create_event(spark, broker, writer, tmp_path):
 def test_dead_letter_policy_applies_good_events_and_keeps_every_bad_one(spark, broker, writer, tmp_path):
     """A batch with 1,000 malformed events among good ones: every good event applied, every bad one
     in the dead-letter table with its coordinates and raw bytes; a rerun adds no duplicates."""
-    from dataclasses import replace
-
     from deltalake import DeltaTable
 
     from cdc_assets.io.delta import DeltaTarget
@@ -231,8 +228,8 @@ def test_dead_letter_policy_applies_good_events_and_keeps_every_bad_one(spark, b
             value = envelope("c", None, {"id": i, "v": i}, postgres_source(i + 1, i, "s", "t"), i)
         records.append((key, value))
     produce(broker, topic, records)
-    table = replace(captured_table(topic, tmp_path, key_columns=("id",), columns={"id": "bigint", "v": "bigint"}),
-                    on_bad_event="dead_letter", dead_letter=DeltaTarget(str(tmp_path / "dead_letter")))
+    table = with_merge(captured_table(topic, tmp_path, key_columns=("id",), columns={"id": "bigint", "v": "bigint"}),
+                       on_bad_event="dead_letter", dead_letter=DeltaTarget(str(tmp_path / "dead_letter")))
     report = run_batch(spark, broker, writer, table)
     assert report.dead_lettered == 1000 and report.outcome.inserted == 2000
     assert sorted(k[0] for k in read_rows(spark, writer, table)) == [i for i in range(3000) if i % 3 != 1]
@@ -250,7 +247,7 @@ def test_dead_letter_policy_applies_good_events_and_keeps_every_bad_one(spark, b
                        "offset": pa.array([r["offset"] for r in dead[:10]], pa.int64()),
                        "key": pa.array([r["key"] for r in dead[:10]], pa.binary()),
                        "value": pa.array([r["value"] for r in dead[:10]], pa.binary())})
-    write_dead_letters(table.dead_letter, dead_letter_rows(topic, table.name, events, again))
+    write_dead_letters(table.merge.dead_letter, dead_letter_rows(topic, table.name, events, again))
     assert DeltaTable(str(tmp_path / "dead_letter")).count() == 1000
 
 
@@ -301,7 +298,7 @@ def test_a_first_batch_of_unreadable_events_halts_naming_why_they_cannot_be_read
     assert writer.read_progress(table.target, table.app_id) is None
 
     # Its columns and keys configured, the table is created from them and the events are dead-lettered.
-    declared = replace(table, key_columns=("id",), columns={"id": "bigint"})
+    declared = with_merge(table, key_columns=("id",), columns={"id": "bigint"})
     report = run_batch(spark, broker, writer, declared)
     assert report.dead_lettered == 2
     assert writer.read_progress(table.target, table.app_id) is not None

@@ -38,7 +38,7 @@ from tests.support.key_changes import (
     produce_spread,
     scd2_versions,
 )
-from tests.support.merges import captured_table, read_rows, run_batch
+from tests.support.merges import captured_table, read_rows, run_batch, with_merge
 from tests.support.topics import new_topic, produce
 
 GROUP = 10  # histories per example
@@ -264,8 +264,8 @@ def check_history(spark, broker, writer, tmp_path, kind, seed, lengths, partitio
     topic = new_topic(broker, f"{kind}.s.t", partitions=partitions)
     head = rng.randrange(1, 6) * len(lengths) if rng.random() < 0.3 else 0
     produce_spread(broker, topic, records(events, kind, rng, head, schemas=rng.random() < 0.5), partitions, rng)
-    table = replace(captured_table(topic, tmp_path / f"{seed}-{mode}", kind=kind,
-                                   columns={"id": "bigint", "v": "string", "n": "bigint"}), apply_mode=mode)
+    table = with_merge(captured_table(topic, tmp_path / f"{seed}-{mode}", kind=kind,
+                                      columns={"id": "bigint", "v": "string", "n": "bigint"}), apply_mode=mode)
     apply_all(spark, broker, writer, table, max_records * len(lengths))
     return events, table
 
@@ -307,6 +307,7 @@ def test_random_transactional_histories_end_as_the_reference(spark, broker, writ
     for every transaction once, whichever partition its END is on."""
     from dagster import DagsterInstance, build_sensor_context
 
+    from cdc_assets.catalog import TransactionRules
     from cdc_assets.config import parse_config
     from cdc_assets.core.transactions import ids_carry_commit_order
     from cdc_assets.definitions import build_definitions
@@ -330,7 +331,8 @@ def test_random_transactional_histories_end_as_the_reference(spark, broker, writ
     # Paths of this example's own (examples share tmp_path, and may share a seed): a log holding another
     # example's ENDs would announce other event counts for the same txIDs.
     log = TransactionLog(tx_topic, DeltaTarget(str(tmp_path / f"{prefix}-log")), kind)
-    table = replace(captured_table(topic, tmp_path / f"{prefix}-tx", kind=kind, columns=COLUMNS), transaction_log=log)
+    table = replace(captured_table(topic, tmp_path / f"{prefix}-tx", kind=kind, columns=COLUMNS),
+                    transactions=TransactionRules(log, DeltaTarget(str(tmp_path / f"{prefix}-watermarks"))))
     apply_all(spark, broker, writer, table, max_records * len(lengths))
     assert read_rows(spark, writer, table) == reference(events)
 
@@ -384,7 +386,7 @@ def test_scd2_an_event_not_newer_than_the_key_s_latest_changes_nothing(spark, br
     """Late reads (older positions) in later batches, and in the same batch after a newer change,
     add no version: never a second current version, the history keeps its order."""
     topic = new_topic(broker, "dbserver1.s.t")
-    table = replace(captured_table(topic, tmp_path, columns=COLUMNS), apply_mode="scd2")
+    table = with_merge(captured_table(topic, tmp_path, columns=COLUMNS), apply_mode="scd2")
     rng = random.Random(0)
 
     def row(key, v, n):
@@ -423,7 +425,7 @@ def test_a_topic_whose_head_is_only_tombstones_starts_the_table(spark, broker, w
 def test_a_column_in_value_schemas_before_the_schema_change_job_is_added_by_the_merge(spark, broker, writer,
                                                                                      tmp_path, mode):
     topic = new_topic(broker, "dbserver1.s.t")
-    table = replace(captured_table(topic, tmp_path), apply_mode=mode)
+    table = with_merge(captured_table(topic, tmp_path), apply_mode=mode)
     rng = random.Random(0)
     produce(broker, topic, records([Event(10, "c", 1, {"id": 1, "v": "a"})], "postgresql", rng, schemas=True))
     run_batch(spark, broker, writer, table)
@@ -610,7 +612,7 @@ def test_random_mongodb_histories_end_as_the_reference(spark, broker, writer, tm
     for mode in ("scd1", "soft_delete", "scd2"):
         topic = new_topic(broker, "mongo.db.docs", partitions=partitions)
         produce_spread(broker, topic, recs, partitions, random.Random(f"{seed}/partitions"))
-        table = replace(captured_table(topic, tmp_path / f"{seed}-{mode}", kind="mongodb"), apply_mode=mode)
+        table = with_merge(captured_table(topic, tmp_path / f"{seed}-{mode}", kind="mongodb"), apply_mode=mode)
         apply_all(spark, broker, writer, table, max_records * len(lengths))
         if mode == "scd1":
             rows = read_rows(spark, writer, table)
@@ -636,7 +638,7 @@ def test_a_primary_key_change_carries_the_old_key_s_unchanged_values(spark, brok
     (read before the MERGE deletes it), or the old key's latest in the batch; through chains of key
     changes in one batch, a key deleted and re-created by a key change, and later placeholder updates."""
     topic = new_topic(broker, "dbserver1.s.t", partitions=3)
-    table = replace(captured_table(topic, tmp_path, columns=TOAST_COLUMNS), apply_mode=mode)
+    table = with_merge(captured_table(topic, tmp_path, columns=TOAST_COLUMNS), apply_mode=mode)
     rng = random.Random(5)
     first = [*pg_change("c", 1, 10, "one"), *pg_change("c", 2, 11, "two"), *pg_change("c", 3, 12, "three")]
     produce_spread(broker, topic, first, 3, rng)

@@ -6,7 +6,6 @@ change, a TRUNCATE and a poison event each in one table of the plan, and each ta
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 from confluent_kafka import Consumer, TopicPartition
 from dagster import AssetKey
@@ -20,7 +19,7 @@ from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.merge import merge_concurrently
 from tests.support.key_changes import TOAST_COLUMNS, current_values, pg_change, pk_change
-from tests.support.merges import captured_table
+from tests.support.merges import captured_table, with_merge
 from tests.support.topics import new_topic, produce
 
 
@@ -65,7 +64,7 @@ def tables_under(root, topics: dict[str, str]) -> dict[str, CapturedTable]:
     options = {"truncated": {"on_truncate": "apply"}, "soft": {"apply_mode": "soft_delete"},
                "history": {"apply_mode": "scd2"},
                "poisoned": {"on_bad_event": "dead_letter", "dead_letter": DeltaTarget(str(root / "dead_letter"))}}
-    return {name: replace(captured_table(topic, root / name, columns=TOAST_COLUMNS), **options.get(name, {}))
+    return {name: with_merge(captured_table(topic, root / name, columns=TOAST_COLUMNS), **options.get(name, {}))
             for name, topic in topics.items()}
 
 

@@ -8,7 +8,7 @@ import pytest
 from dagster import DagsterInstance, build_sensor_context
 from deltalake import DeltaTable
 
-from cdc_assets.catalog import CapturedTable
+from cdc_assets.catalog import CapturedTable, TransactionRules
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
@@ -20,7 +20,7 @@ from cdc_assets.io.transactions import (
     ingest_transactions,
     update_watermark,
 )
-from tests.support.merges import read_rows, run_batch
+from tests.support.merges import read_rows, run_batch, with_merge
 from tests.support.topics import new_topic, new_topic_named, produce
 from tests.support.transactions import transaction_sensor, tx_event
 
@@ -43,8 +43,8 @@ class Connector:
                              "postgresql")
         self.watermarks = DeltaTarget(str(tmp_path / "_cdc_assets" / "watermarks"))
         self.tables = {name: CapturedTable("txdb", "postgresql", self.prefix, f"s.{name}", topic,
-                                           DeltaTarget(str(tmp_path / name)), transaction_log=log,
-                                           watermarks=self.watermarks)
+                                           DeltaTarget(str(tmp_path / name)),
+                                           transactions=TransactionRules(log, self.watermarks))
                        for name, topic in self.topics.items()}
         self.log = log
 
@@ -352,7 +352,8 @@ def test_a_transaction_topic_of_three_partitions_pairs_begin_and_end_by_transact
     c = Connector(broker, tmp_path)
     tx_topic = new_topic_named(broker, f"{c.prefix}.transaction3", partitions=3)
     log = replace(c.log, topic=tx_topic)
-    tables = {name: replace(table, transaction_log=log) for name, table in c.tables.items()}
+    tables = {name: replace(table, transactions=TransactionRules(log, c.watermarks))
+              for name, table in c.tables.items()}
     markers = {p: [] for p in range(3)}
     # (txID, BEGIN's partition, END's partition, events per table)
     for tx_id, begin_in, end_in, counts in [("701", 1, 0, {"s.a": 2}), ("702", 0, 2, {"s.b": 1}),
@@ -462,7 +463,7 @@ def test_a_bad_event_inside_a_transaction_counts_toward_it_and_meets_on_bad_even
     from cdc_assets.merge import BadEventError
 
     c = Connector(broker, tmp_path)
-    table = replace(c.tables["a"], on_bad_event=on_bad_event, dead_letter=DeltaTarget(str(tmp_path / "dead")))
+    table = with_merge(c.tables["a"], on_bad_event=on_bad_event, dead_letter=DeltaTarget(str(tmp_path / "dead")))
     good = change("a", 1, "ok", 3300, "780", 1)
     bad_value = json.loads(change("a", 2, "bad", 3301, "780", 2)[1])
     bad = (encode_key({"id": 2}), json.dumps(dict(bad_value, op="x")).encode())

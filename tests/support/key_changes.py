@@ -62,7 +62,7 @@ def pk_change(old: int, new: int, lsn: int, n: int = 0) -> list[tuple[bytes, byt
 
 def current_values(spark, writer, table) -> dict[int, tuple[str | None, int]]:
     """``{id: (big, n)}`` of the live rows (scd2: of the current versions)."""
-    if table.apply_mode == "scd2":
+    if table.merge.apply_mode == "scd2":
         return {k: (v["big"], v["n"]) for k, vs in scd2_versions(spark, writer, table).items() for v in vs
                 if v["_cdc_current"]}
     return {k[0]: (r["big"], r["n"]) for k, r in read_rows(spark, writer, table, visible_only=False).items()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from cdc_assets.catalog import CapturedTable
+from cdc_assets.catalog import CapturedTable, MergeRules
 from cdc_assets.config import BatchLimits
 from cdc_assets.demo.broker import ApacheKafkaBroker
 from cdc_assets.io.delta import DeltaTarget, DeltaWriter
@@ -15,10 +16,15 @@ from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.merge import BatchReport, merge_micro_batch
 
 
-def captured_table(topic: str, root: Path, kind: str = "postgresql", **options) -> CapturedTable:
-    """A captured table reading ``topic`` into a Delta table under ``root``."""
+def captured_table(topic: str, root: Path, kind: str = "postgresql", **merge) -> CapturedTable:
+    """A captured table reading ``topic`` into a Delta table under ``root``, ``merge`` its ``MergeRules``."""
     return CapturedTable(connector="test", kind=kind, topic_prefix=topic.split(".")[0], name="s.t", topic=topic,
-                         target=DeltaTarget(str(root / topic)), **options)
+                         target=DeltaTarget(str(root / topic)), merge=MergeRules(**merge))
+
+
+def with_merge(table: CapturedTable, **changes) -> CapturedTable:
+    """``table`` with ``changes`` to its ``MergeRules``."""
+    return replace(table, merge=replace(table.merge, **changes))
 
 
 def run_batch(spark: SparkSession, broker: ApacheKafkaBroker, writer: DeltaWriter, table: CapturedTable,
@@ -40,7 +46,7 @@ def read_rows(spark: SparkSession, writer: DeltaWriter, table: CapturedTable, vi
         rows = DeltaTable(table.target.path).to_pyarrow_table().to_pylist()
     else:
         rows = [row.asDict(recursive=True) for row in spark.read.format("delta").load(table.target.path).collect()]
-    keys = table.key_columns or ("id",)
+    keys = table.merge.key_columns or ("id",)
     result = {}
     for row in rows:
         if visible_only:
