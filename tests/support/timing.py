@@ -102,12 +102,17 @@ def record_spark_servers() -> None:
             out.write(json.dumps({"cpu": process_cpu(state["pid"]), "jit": jit_cpu(state["pid"])}) + "\n")
 
 
+def _recorded(variable: str) -> list[dict[str, Any]]:
+    """The entries the test processes appended to the JSON-lines file ``variable`` names (none where it names none)."""
+    where = os.environ.get(variable)
+    if not where or not os.path.exists(where):
+        return []
+    return [json.loads(line) for line in Path(where).read_text().splitlines() if line.strip()]
+
+
 def _spark_servers_cpu() -> tuple[int, float, float] | None:
     """The number of servers recorded, their CPU seconds and their JIT compilers'; None where none was."""
-    where = os.environ.get(SPARK_CPU_ENV_VAR)
-    if not where or not os.path.exists(where):
-        return None
-    entries = [json.loads(line) for line in Path(where).read_text().splitlines() if line.strip()]
+    entries = _recorded(SPARK_CPU_ENV_VAR)
     if not entries:
         return None
     return len(entries), sum(e["cpu"] for e in entries), sum(e["jit"] for e in entries)
@@ -148,14 +153,9 @@ class FixtureTiming:
 
 def _fixture_times() -> list[tuple[tuple[str, str], float]]:
     """Every process's fixture set-ups and tear-downs, summed per fixture and phase, slowest first."""
-    where = os.environ.get(FIXTURE_TIMES_ENV_VAR)
-    if not where or not os.path.exists(where):
-        return []
     totals: dict[tuple[str, str], float] = defaultdict(float)
-    for line in Path(where).read_text().splitlines():
-        if line.strip():
-            entry = json.loads(line)
-            totals[(entry["name"], entry["phase"])] += entry["seconds"]
+    for entry in _recorded(FIXTURE_TIMES_ENV_VAR):
+        totals[(entry["name"], entry["phase"])] += entry["seconds"]
     return sorted(totals.items(), key=lambda item: -item[1])
 
 
