@@ -268,7 +268,7 @@ def recorded_position(target: DeltaTarget, app_id: str, writer: DeltaRsWriter | 
 
 class DeltaSide:
     """The Delta table in Spark: its rows that stand for the source's (``core.reconcile.live_rows``) in a
-    temporary view, read again at every query (each sees the table's latest version). ``recorded``: the
+    temporary view, read again at every query (at the version it names, else the table's latest). ``recorded``: the
     position its commits recorded (``recorded_position``), read before scanning the rows for one."""
 
     def __init__(self, spark: SparkSession, path: str, mode: ApplyMode,
