@@ -148,7 +148,7 @@ def local_spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
     os.environ[SERVER_DIR_ENV_VAR] = str(tmp_path_factory.mktemp("spark-servers"))
     yield
     timing.record_spark_servers()
-    stop_all()
+    stop_all(kill=True)  # a graceful stop waited out its 60 s at the suite's end (2026-11-30)
     if previous is None:
         os.environ.pop(SERVER_DIR_ENV_VAR)
     else:

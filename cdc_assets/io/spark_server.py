@@ -411,9 +411,15 @@ def running_servers(this_checkout: bool = False) -> list[tuple[Path, dict]]:
     return found
 
 
-def stop_servers(states: list[tuple[Path, dict]], timeout_s: float = 60.0) -> int:
-    """Stop the servers of ``states`` (from ``running_servers``) and wait for them; the number stopped."""
+def stop_servers(states: list[tuple[Path, dict]], timeout_s: float = 60.0, *, kill: bool = False) -> int:
+    """Stop the servers of ``states`` (from ``running_servers``) and wait for them; the number stopped.
+    ``kill``: their JVMs are killed rather than stopped, for servers whose state nothing needs any more (a test
+    session's end): a JVM's shutdown hooks may wait out their retries on object stores that are gone already."""
     for _, state in states:
+        if kill:
+            with contextlib.suppress(psutil.Error):
+                for jvm in psutil.Process(state["pid"]).children(recursive=True):
+                    jvm.kill()
         with contextlib.suppress(ProcessLookupError):
             os.kill(state["pid"], signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
@@ -422,9 +428,10 @@ def stop_servers(states: list[tuple[Path, dict]], timeout_s: float = 60.0) -> in
     return len(states)
 
 
-def stop_all(timeout_s: float = 60.0) -> int:
-    """Stop every local server of this server directory, whichever checkout started it; the number stopped."""
-    return stop_servers(running_servers(), timeout_s)
+def stop_all(timeout_s: float = 60.0, *, kill: bool = False) -> int:
+    """Stop every local server of this server directory, whichever checkout started it; the number stopped
+    (``kill``: as ``stop_servers``)."""
+    return stop_servers(running_servers(), timeout_s, kill=kill)
 
 
 def main(argv: list[str] | None = None) -> None:
