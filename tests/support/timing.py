@@ -22,6 +22,9 @@ SPARK_CPU_ENV_VAR = "CDC_TEST_SPARK_CPU_FILE"
 # Where each test process records how long its module- and session-scoped fixtures took to start and to stop
 # (``FixtureTiming``): a server started or stopped slowly shows up there, not under any one test.
 FIXTURE_TIMES_ENV_VAR = "CDC_TEST_FIXTURE_TIMES_FILE"
+# Where each test process records the CPU its local Spark servers used during each module (``SparkCpuByModule``):
+# the suite is bound by the servers' CPU, and a module's wall time alone does not say how much of it is theirs.
+MODULE_SPARK_CPU_ENV_VAR = "CDC_TEST_MODULE_SPARK_CPU_FILE"
 
 
 class SuiteTiming:
@@ -73,9 +76,13 @@ class SuiteTiming:
             write("slowest module and session fixtures (set-up, tear-down):")
             for (name, phase), seconds in fixtures[:10]:
                 write(f"  {name:60s} {phase:9s} {seconds:8.1f} s")
-        write("slowest modules:")
+        spark_by_module: dict[str, float] = defaultdict(float)
+        for entry in _recorded(MODULE_SPARK_CPU_ENV_VAR):
+            spark_by_module[entry["module"]] += entry["cpu"]
+        write("slowest modules (worker time; their local Spark servers' CPU):")
         for module, seconds in sorted(self.by_module.items(), key=lambda item: -item[1])[:20]:
-            write(f"  {module:60s} {len(self.tests_by_module[module]):3d} tests {seconds:8.1f} s")
+            write(f"  {module:60s} {len(self.tests_by_module[module]):3d} tests {seconds:8.1f} s "
+                  f"{spark_by_module.get(module, 0.0):8.1f} Spark CPU s")
 
 
 def _cpu_ticks() -> tuple[int, int]:
@@ -151,6 +158,38 @@ class FixtureTiming:
             out.write(json.dumps({"name": name, "phase": phase, "seconds": seconds}) + "\n")
 
 
+class SparkCpuByModule:
+    """Appends, in each test process, the CPU seconds its local Spark servers (the Dagster runs' included: they share
+    them) used while each module ran to ``MODULE_SPARK_CPU_ENV_VAR``'s file. A server that stops within a module
+    takes its last seconds with it; the session's main servers run to the end."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.seen: dict[int, float] = {}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+        if nextitem is None:  # the session's servers stop in this tear-down: measured before it
+            self._record(item)
+        try:
+            return (yield)
+        finally:
+            if nextitem is not None and nextitem.path != item.path:  # after the module's fixtures' tear-down
+                self._record(item)
+
+    def _record(self, item: pytest.Item) -> None:
+        from benchmarks.measure import process_cpu
+        from cdc_assets.io.spark_server import running_servers
+
+        used = 0.0
+        for _, state in running_servers():
+            cpu = process_cpu(state["pid"])
+            used += cpu - self.seen.get(state["pid"], 0.0)
+            self.seen[state["pid"]] = cpu
+        with open(self.where, "a") as out:
+            out.write(json.dumps({"module": item.nodeid.split("::", 1)[0], "cpu": used}) + "\n")
+
+
 def _fixture_times() -> list[tuple[tuple[str, str], float]]:
     """Every process's fixture set-ups and tear-downs, summed per fixture and phase, slowest first."""
     totals: dict[tuple[str, str], float] = defaultdict(float)
@@ -166,7 +205,8 @@ def register(config: pytest.Config) -> None:
     """Add the summary in the process that reports (not in xdist's workers), and name the files where the test
     processes (xdist's workers inherit the environment) record their Spark servers' CPU and their fixtures' times."""
     if not hasattr(config, "workerinput"):
-        files = ((SPARK_CPU_ENV_VAR, "cdc-test-spark-cpu-"), (FIXTURE_TIMES_ENV_VAR, "cdc-test-fixtures-"))
+        files = ((SPARK_CPU_ENV_VAR, "cdc-test-spark-cpu-"), (FIXTURE_TIMES_ENV_VAR, "cdc-test-fixtures-"),
+                 (MODULE_SPARK_CPU_ENV_VAR, "cdc-test-module-spark-cpu-"))
         for variable, prefix in files:
             handle, path = tempfile.mkstemp(prefix=prefix, suffix=".jsonl")
             os.close(handle)
@@ -174,3 +214,5 @@ def register(config: pytest.Config) -> None:
         config.pluginmanager.register(SuiteTiming(), "cdc-suite-timing")
     if os.environ.get(FIXTURE_TIMES_ENV_VAR):
         config.pluginmanager.register(FixtureTiming(os.environ[FIXTURE_TIMES_ENV_VAR]), "cdc-fixture-timing")
+    if os.environ.get(MODULE_SPARK_CPU_ENV_VAR):
+        config.pluginmanager.register(SparkCpuByModule(os.environ[MODULE_SPARK_CPU_ENV_VAR]), "cdc-module-spark-cpu")
