@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from confluent_kafka import Producer
@@ -58,9 +58,13 @@ from benchmarks.merge_throughput import wait_until_idle
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker, produce_waiting
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_all
 
+if TYPE_CHECKING:
+    from tests.support.postgres import PostgresServer
+
 PREFIX = "w2"
 SCHEMA = "public"
 W1_EVENTS_PER_S = 100_000  # the events' own cost is taken out at about W1's rate (docs/performance.md)
+BATCH_SIZE_ENV_VAR = "DAGSTER_EVENT_BATCH_SIZE"  # read by Dagster at each event it stores
 
 CONFIG = """
 kafka:
@@ -316,7 +320,11 @@ def child(config_path: Path, profile: bool, quiet: bool = False, ticks_only: boo
 
 
 def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label: str, quiet: bool = False,
-              ticks_only: bool = False, home: Path | None = None, storage_url: str | None = None) -> dict:
+              ticks_only: bool = False, home: Path | None = None, storage_url: str | None = None,
+              event_batch_size: int | None = None) -> dict:
+    """One ``child`` run in a fresh process, its CPU and the server's and broker's beside it. ``event_batch_size``:
+    the process's ``DAGSTER_EVENT_BATCH_SIZE`` (Dagster stores a batch of events it marks as one with one
+    ``store_event_batch`` when > 0; None: this process's environment)."""
     broker_pid = broker.pid
     assert broker_pid is not None
     wait_until_idle(broker_pid)
@@ -329,7 +337,9 @@ def run_child(config_path: Path, broker: ApacheKafkaBroker, profile: bool, label
                               + (["--ticks-only"] if ticks_only else []) + (["--home", str(home)] if home else [])
                               + (["--storage-url", storage_url] if storage_url else []),
                               capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent.parent)
+                              cwd=Path(__file__).resolve().parent.parent,
+                              env=os.environ if event_batch_size is None
+                              else {**os.environ, BATCH_SIZE_ENV_VAR: str(event_batch_size)})
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{label} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -388,10 +398,14 @@ def main() -> None:
                              "as a deployment's runs after its merges do")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--quiet-storage", choices=("sqlite", "postgres"), default="sqlite",
-                        help="the quiet runs' Dagster storage: SQLite under their DAGSTER_HOME (Dagster's default), "
-                             "or a private PostgreSQL server (fsync on; tests/support/postgres.py), as Dagster "
-                             "advises for deployments")
+    parser.add_argument("--quiet-storage", type=storages, default=["sqlite"],
+                        help="the quiet runs' Dagster storage, comma-separated for one series of quiet runs each: "
+                             "sqlite, under their DAGSTER_HOME (Dagster's default), or postgres, a private PostgreSQL "
+                             "server (fsync on; tests/support/postgres.py), as Dagster advises for deployments")
+    parser.add_argument("--event-batch-size", type=lambda text: [int(n) for n in text.split(",")], default=[0],
+                        help=f"the quiet runs' {BATCH_SIZE_ENV_VAR}, comma-separated for one series of quiet runs "
+                             "each (with each storage), on an instance of its own: 0, Dagster's default, stores "
+                             "each event on its own")
     parser.add_argument("--home", help=argparse.SUPPRESS)
     parser.add_argument("--storage-url", help=argparse.SUPPRESS)
     parser.add_argument("--ticks-only", action="store_true",
@@ -441,11 +455,23 @@ def main() -> None:
                 for concurrent in args.concurrent_tables}
             # The same tables again with nothing new: what a schedule tick costs when the tables are quiet.
             last = args.concurrent_tables[-1]
-            storage_url = quiet_storage(stack, args.quiet_storage)
-            quiet = [run_child(write_config(work, broker.bootstrap_servers, args.tables, work / f"delta-{last}",
-                                            args.writer, last), broker, args.profile, f"quiet run {number + 1}",
-                               quiet=True, home=work / "dagster-home", storage_url=storage_url)
-                     for number in range(args.quiet_runs)]
+            config = write_config(work, broker.bootstrap_servers, args.tables, work / f"delta-{last}", args.writer,
+                                  last)
+            server = quiet_storage(stack) if "postgres" in args.quiet_storage and args.quiet_runs else None
+            quiet: dict[tuple[str, int], list[dict]] = {}
+            for storage in args.quiet_storage:
+                for size in args.event_batch_size:
+                    # Each series on an instance of its own: its first run finds no record of the tables.
+                    name = f"{storage}_batch_{size}"
+                    storage_url = None
+                    if storage == "postgres" and server is not None:
+                        server.create_database(name)
+                        storage_url = f"postgresql+psycopg2://postgres@127.0.0.1:{server.port}/{name}"
+                    quiet[storage, size] = [
+                        run_child(config, broker, args.profile, f"quiet run {number + 1} ({storage}, "
+                                  f"{BATCH_SIZE_ENV_VAR}={size})", quiet=True, home=work / f"dagster-home-{name}",
+                                  storage_url=storage_url, event_batch_size=size)
+                        for number in range(args.quiet_runs)]
         finally:
             stop_all()
         for concurrent in args.concurrent_tables:
@@ -456,33 +482,36 @@ def main() -> None:
     for concurrent, result in measured.items():
         print(f"\n== batch.concurrent_tables: {concurrent} ==")
         report(result, events, args.tables, concurrent)
-    if quiet:
-        print(f"\nquiet runs on one Dagster instance, storage {args.quiet_storage}")
-    for number, result in enumerate(quiet, 1):
-        report_quiet(number, result, args.tables, args.concurrent_tables[-1])
-        print("  cdc_merge_schedule's ticks on it (code location loaded): "
-              + ", ".join(f"{1000 * tick:.0f} ms" for tick in result["tick_s"])
-              + f" ({1000 * min(result['tick_s']) / args.tables:.2f} ms a table); it said: {result['skipped']}")
-        if result["profile"]:
-            print(result["profile"])
+    for (storage, size), results in quiet.items():
+        print(f"\nquiet runs on one Dagster instance, storage {storage}, {BATCH_SIZE_ENV_VAR}={size}")
+        for number, result in enumerate(results, 1):
+            report_quiet(number, result, args.tables, args.concurrent_tables[-1])
+            print("  cdc_merge_schedule's ticks on it (code location loaded): "
+                  + ", ".join(f"{1000 * tick:.0f} ms" for tick in result["tick_s"])
+                  + f" ({1000 * min(result['tick_s']) / args.tables:.2f} ms a table); it said: {result['skipped']}")
+            if result["profile"]:
+                print(result["profile"])
     if 1 in measured:
         print()
         for concurrent, result in measured.items():
             print(f"{concurrent} tables at once: {measured[1]['wall_s'] / result['wall_s']:.2f}x the speed of 1")
 
 
-def quiet_storage(stack: contextlib.ExitStack, kind: str) -> str | None:
-    """The quiet runs' Dagster storage: None for SQLite, else the URL of a private PostgreSQL server's database
-    (started on ``stack``), fsync on as a deployment's, by the psycopg2 driver (docs/operations.md)."""
-    if kind == "sqlite":
-        return None
+def storages(text: str) -> list[str]:
+    """``--quiet-storage``'s list: each of sqlite, postgres."""
+    kinds = text.split(",")
+    if unknown := set(kinds) - {"sqlite", "postgres"}:
+        raise argparse.ArgumentTypeError(f"unknown storage {', '.join(sorted(unknown))}: sqlite or postgres")
+    return kinds
+
+
+def quiet_storage(stack: contextlib.ExitStack) -> PostgresServer:
+    """The quiet runs' PostgreSQL storage: a private server (started on ``stack``), fsync on as a deployment's;
+    each series of quiet runs has a database of its own there, by the psycopg2 driver (docs/operations.md)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' server: one place for it
     from tests.support.postgres import PostgresServer
 
-    server = stack.enter_context(PostgresServer({"fsync": "on", "synchronous_commit": "on",
-                                                 "full_page_writes": "on"}))
-    server.create_database("dagster")
-    return f"postgresql+psycopg2://postgres@127.0.0.1:{server.port}/dagster"
+    return stack.enter_context(PostgresServer({"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}))
 
 
 def report_quiet(number: int, result: dict, tables: int, concurrent: int) -> None:
@@ -496,7 +525,8 @@ def report_quiet(number: int, result: dict, tables: int, concurrent: int) -> Non
           f"({run_cpu_s:.1f} CPU s, {1000 * run_cpu_s / tables:.1f} CPU ms a table; the Spark server "
           f"{result['cpu']['server']:.1f} CPU s); whole / reference: {whole['ended_s'] / whole['loaded_s']:.2f}x wall, "
           f"{whole['ended_cpu'] / whole['loaded_cpu']:.2f}x CPU; {result['tables']} materializations, "
-          f"{result['checks']} check evaluations")
+          f"{result['checks']} check evaluations; creating the run (its planned events: a webserver's or daemon's "
+          f"work in a deployment, before the run worker starts) {result['creation_s']:.2f} s of the run")
 
 
 def report(result: dict, events: int, tables: int, concurrent: int) -> None:
