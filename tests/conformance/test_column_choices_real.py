@@ -47,8 +47,10 @@ class Choice:
 
 
 # Several choices a table, so that each choice meets every apply mode it applies to, with both forms of
-# ignore_null_updates in each mode, in six tables (a table's merge costs CPU). No include_columns or
-# ignore_null_updates names secret: a choice naming a column the events lack halts its table until the ALTER.
+# ignore_null_updates in each mode, in six tables (a table's merge costs CPU). The scd1 and soft_delete tables
+# pair up by layout (kept columns, ignored nulls), so that each pair's batches fold in one Spark query (a shared
+# plan). No include_columns or ignore_null_updates names secret: a choice naming a column the events lack halts
+# its table until the ALTER.
 CHOICES = {
     "cc_hist": Choice("scd2", "track_history_columns: [v, n], exclude_columns: [secret], "
                       "ignore_null_updates: [n, note]", ("id", "v", "n", "seen_at", "note"), ("n", "note"),
@@ -58,11 +60,12 @@ CHOICES = {
                         ("v", "note")),
     "cc_nulls": Choice("scd1", "ignore_null_updates: true, exclude_columns: [note]",
                        ("id", "v", "n", "seen_at", "secret"), ("v", "n", "seen_at", "secret")),
-    "cc_keep": Choice("scd1", "include_columns: [n, note], ignore_null_updates: [n]", ("id", "n", "note"), ("n",)),
+    "cc_keep": Choice("scd1", "include_columns: [v, note], ignore_null_updates: [v, note]", ("id", "v", "note"),
+                      ("v", "note")),
     "cc_nulls_list": Choice("soft_delete", "ignore_null_updates: [v, note], include_columns: [v, note]",
                             ("id", "v", "note"), ("v", "note")),
-    "cc_drop": Choice("soft_delete", "exclude_columns: [n, secret], ignore_null_updates: true",
-                      ("id", "v", "seen_at", "note"), ("v", "seen_at", "note")),
+    "cc_drop": Choice("soft_delete", "ignore_null_updates: true, exclude_columns: [note]",
+                      ("id", "v", "n", "seen_at", "secret"), ("v", "n", "seen_at", "secret")),
 }
 AUDIT = """
 CREATE TABLE cc_audit (seq bigserial PRIMARY KEY, op text, old_id int, row jsonb);
