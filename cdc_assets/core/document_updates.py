@@ -10,6 +10,7 @@ An update is a dict of operators, applied in this order:
 - ``$unset`` (an object whose keys are paths, or a list of paths: ``removedFields``): removes the field;
 - ``$set`` (an object of path -> value, as ``updatedFields`` too): sets the field.
 A path is dotted (``"a.b"``, ``"items.2.qty"``); a part is an array index where the value there is an array.
+MongoDB 5.0's oplog (``$v: 2``) writes an update as one ``diff`` instead (``diffed_document``).
 Where MongoDB itself would refuse the update (``UpdateConflict``), the stored document is not the source's.
 """
 
@@ -20,13 +21,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 # The operators of an update: MongoDB oplog patches (``$v`` 1) use $set and $unset only; the decode writes
-# change streams' ``updateDescription`` with ``$truncate`` beside them (``core.envelope``).
+# change streams' ``updateDescription`` with ``$truncate`` beside them (``core.envelope``). An oplog diff
+# (``$v`` 2) is ``{"$v": 2, "diff": ...}``.
 OPERATORS = ("$set", "$unset", "$truncate", "$v")
 
 
 class UpdateConflict(ValueError):
     """An update that MongoDB would refuse on the stored document (its path crosses a value that is not a
     document or an array, or names a field of an array)."""
+
+    consequence = "MongoDB would have refused this update: the stored document differs from the source's"
+
+
+class DiffMismatch(UpdateConflict):
+    """An oplog diff whose sub-diff meets another value than the one it was computed on."""
+
+    consequence = "the diff was computed on another document: the stored document differs from the source's"
 
 
 def _is_container(value: Any) -> bool:
@@ -112,8 +122,74 @@ def truncate_array(document: dict[str, Any], path: str, size: int) -> None:
     del node[size:]
 
 
+def _diffed(value: Any, diff: Mapping[str, Any], path: str) -> Any:
+    """``value`` (at ``path``) with a sub-diff applied: an array diff (``"a": true``) to an array, a document
+    diff to a document. Anything else was not the value the diff was computed on (MongoDB, which may apply an
+    oplog entry again, writes null there and counts on a later entry to set it; here it is a ``DiffMismatch``)."""
+    if diff.get("a") is True:
+        if not isinstance(value, list):
+            raise DiffMismatch(f"oplog diff: an array diff of '{path}', which holds {json.dumps(value)}")
+        return diffed_array(value, diff, path)
+    if not (isinstance(value, dict) and _is_container(value)):
+        raise DiffMismatch(f"oplog diff: a document diff of '{path}', which holds {json.dumps(value)}")
+    return diffed_document(value, diff, path)
+
+
+def diffed_document(document: Mapping[str, Any], diff: Mapping[str, Any], path: str = "") -> dict[str, Any]:
+    """``document`` with an oplog v2 document diff applied, as MongoDB applies it: its fields in their order,
+    less those deleted (``d``: name -> false) and those inserted (``i``: name -> value, moved to the end), an
+    updated one (``u``: name -> value) in its place, one with a sub-diff (``s<name>``) diffed; then the updated
+    fields it did not have and the inserted ones, in the diff's order. A sub-diff of a field it lacks is refused
+    (``_diffed``). ``path``: where the document is, for messages."""
+    deleted, updated, inserted = (diff.get(part) or {} for part in ("d", "u", "i"))
+    nested = {name[1:]: entry for name, entry in diff.items() if name.startswith("s")}
+    missing = [name for name in nested if name not in document]
+    if missing:
+        raise DiffMismatch(f"oplog diff: a sub-diff of '{'.'.join(filter(None, (path, missing[0])))}', which "
+                           "the stored document does not have")
+    out: dict[str, Any] = {}
+    for name, value in document.items():
+        if name in deleted or name in inserted:
+            continue
+        if name in updated:
+            out[name] = updated[name]
+        else:
+            out[name] = _diffed(value, nested[name], ".".join(filter(None, (path, name)))) if name in nested \
+                else value
+    for name, value in [*updated.items(), *inserted.items()]:
+        out.setdefault(name, value)
+    return out
+
+
+def diffed_array(array: Sequence[Any], diff: Mapping[str, Any], path: str) -> list[Any]:
+    """``array`` with an oplog v2 array diff (``"a": true``) applied, as MongoDB applies it: resized to ``l``
+    when the diff has it, element ``N`` replaced (``uN``: value) or diffed (``sN``: a sub-diff), an index past
+    its end padded with nulls up to the last one the diff names."""
+    changes = {int(name[1:]): (name[0], entry) for name, entry in diff.items()
+               if name[:1] in ("u", "s") and name[1:].isdigit()}
+    size = diff.get("l")
+    length = int(size) if size is not None else max(len(array), max(changes, default=-1) + 1)
+    out: list[Any] = []
+    for index in range(length):
+        kind, entry = changes.get(index, ("", None))
+        if kind == "u":
+            out.append(entry)
+        elif kind == "s":
+            if index >= len(array):
+                raise DiffMismatch(f"oplog diff: a sub-diff of '{path}.{index}', past the end of the array")
+            out.append(_diffed(array[index], entry, f"{path}.{index}"))
+        else:
+            out.append(array[index] if index < len(array) else None)
+    return out
+
+
 def apply_update(document: dict[str, Any], update: Mapping[str, Any]) -> None:
-    """Apply an update (operators, module docstring) to ``document`` in place."""
+    """Apply an update (operators or an oplog diff, module docstring) to ``document`` in place."""
+    if "diff" in update:
+        diffed = diffed_document(document, update["diff"])
+        document.clear()
+        document.update(diffed)
+        return
     for truncation in update.get("$truncate") or ():
         truncate_array(document, truncation["field"], int(truncation["size"]))
     for path in update.get("$unset") or ():
@@ -161,8 +237,7 @@ def replay(stored: str | None, events: Iterable[Mapping[str, Any]]) -> list[tupl
                     apply_update(current, operators)
                 except UpdateConflict as exc:
                     current = json.loads(text) if text is not None else None  # undo a partial application
-                    out.append((text, f"{exc} (MongoDB would have refused this update: the stored document "
-                                      "differs from the source's)"))
+                    out.append((text, f"{exc} ({exc.consequence})"))
                     continue
             text = _text(current)
         out.append((text, None))

@@ -89,17 +89,20 @@ def patch_problem(patch: Column, description: Column) -> Column:
     operators = F.filter(keys, lambda key: key.startswith("$"))
     unknown = F.filter(operators, lambda key: ~key.isin("$set", "$unset", "$v"))
     version = F.get_json_object(patch, "$['$v']")
+    diff_form = F.coalesce(version == "2", F.lit(False))  # MongoDB 5.0's oplog: {"$v": 2, "diff": {...}}
     return (
         F.when(updated.isNotNull() & F.from_json(updated, DOCUMENT_TYPE).isNull(),
                F.lit("updateDescription.updatedFields is not a valid JSON object"))
         .when(keys.isNull(), F.lit("patch is not a valid JSON object"))
         .when(description.isNotNull(), F.lit(None).cast("string"))
-        .when(version.isNotNull() & (version != "1"),
-              F.concat(F.lit("patch is an oplog diff ($v "), version, F.lit(", MongoDB 5.0 and later), which is not "
-                                                                         "supported: use change streams")))
+        .when(version.isNotNull() & ~version.isin("1", "2"),
+              F.concat(F.lit("patch has oplog version $v "), version, F.lit(", which is not supported")))
+        .when(diff_form & ((F.size(keys) != 2)
+                           | F.from_json(F.get_json_object(patch, "$.diff"), DOCUMENT_TYPE).isNull()),
+              F.lit("patch is an oplog diff ($v 2) without a diff object, or with other members"))
         .when(F.size(unknown) > 0, F.concat(F.lit("patch operator(s) "), F.array_join(unknown, ", "),
                                             F.lit(" not supported (only $set and $unset)")))
-        .when((F.size(operators) > 0) & (F.size(operators) < F.size(keys)),
+        .when(~diff_form & (F.size(operators) > 0) & (F.size(operators) < F.size(keys)),
               F.lit("patch mixes update operators and fields"))
     )
 

@@ -4,6 +4,7 @@ import pytest
 
 from cdc_assets.catalog import resolve_tables
 from cdc_assets.config import DEMO_CONFIG_PATH, ConfigError, load_config, parse_config
+from cdc_assets.core.columns import ColumnChoices
 from cdc_assets.io.spark import CLASS_ARCHIVE_ENV_VAR, JAVA_OPTIONS
 from cdc_assets.resources import build_resources
 from cdc_assets.translator import CdcTranslator
@@ -157,7 +158,7 @@ def test_the_documented_config_example_loads_as_written():
     from pathlib import Path
 
     reference = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
-    example, mongodb = re.findall(r"```yaml\n(.*?)```", reference, re.S)
+    example, choices, mongodb = re.findall(r"```yaml\n(.*?)```", reference, re.S)
     config = parse_config(example)
     [connector] = config.connectors
     assert connector.name == "inventory" and connector.format == "json"
@@ -165,6 +166,16 @@ def test_the_documented_config_example_loads_as_written():
                                                           "inventory.audit_log"]
     history = next(t for t in resolve_tables(config, list_topics=lambda: []) if t.name.endswith("_history"))
     assert history.source_table == "inventory.customers"
+    # Column choices: one table per setting, each meaning what its comment says.
+    [chosen] = parse_config(choices).connectors
+    assert {table.name: table.column_choices for table in chosen.tables} == {
+        "inventory.customers": ColumnChoices(include=("email", "country")),
+        "inventory.customers_archive": ColumnChoices(exclude=("ssn", "birth_date")),
+        "inventory.devices": ColumnChoices(ignore_null_updates=True),
+        "inventory.orders": ColumnChoices(ignore_null_updates=("shipped_at",)),
+        "inventory.accounts": ColumnChoices(track_history=("plan", "status")),
+        "inventory.sessions": ColumnChoices(track_history_except=("last_seen_at",)),
+    }
     [orders] = resolve_tables(parse_config(mongodb))
     assert (orders.topic, orders.merge.apply_mode, orders.merge.document_fields) == (
         "mongo1.inventory.orders", "scd2",

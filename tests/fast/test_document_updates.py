@@ -94,3 +94,52 @@ def test_replay_applies_a_keys_events_in_order_and_names_the_ones_it_cannot_appl
     # Replayed onto the document the table holds.
     assert json.loads(replay('{"_id":1,"n":{"k":[1]}}', [event("u", patch={"$set": {"n.k.1": 2}})])[0][0]) == {
         "_id": 1, "n": {"k": [1, 2]}}
+
+
+# MongoDB 5.0's oplog (``$v: 2``): pre-image, the entry's diff and the document after it, as MongoDB's own test
+# of its update oplog entries (jstests/replsets/oplog_format.js) asserts them.
+MONGODB_OPLOG_FORMAT = [
+    ({"_id": 1, "a": 2}, {"u": {"a": 3}, "i": {"b": 2}}, {"_id": 1, "a": 3, "b": 2}),
+    ({"_id": 1, "c": 0}, {"i": {"a": 1, "b": 2}}, {"_id": 1, "c": 0, "a": 1, "b": 2}),
+    ({"_id": 1, "a": {"b": [1, 2], "c": [1, 2]}}, {"sa": {"u": {"b": [1], "c": [1]}}},
+     {"_id": 1, "a": {"b": [1], "c": [1]}}),
+    ({"_id": 1, "a": 1, "b": 1}, {"u": {"a": 2, "b": 2}}, {"_id": 1, "a": 2, "b": 2}),
+    ({"_id": 1, "a": [2]}, {"sa": {"a": True, "u0": 3}}, {"_id": 1, "a": [3]}),
+    ({"_id": 1, "a": "foo"}, {"i": {"c": [18]}}, {"_id": 1, "a": "foo", "c": [18]}),
+    ({"_id": 1, "a": {"b": [18]}}, {"sa": {"u": {"b": [1, 2]}}}, {"_id": 1, "a": {"b": [1, 2]}}),
+    ({"_id": 1, "a": [{"b": 2}, {"b": 1}]}, {"u": {"a": [{"b": 1}, {"b": 2}]}}, {"_id": 1, "a": [{"b": 1}, {"b": 2}]}),
+]
+
+
+@pytest.mark.parametrize(("document", "diff", "after"), MONGODB_OPLOG_FORMAT)
+def test_oplog_diffs_apply_as_in_mongodb_s_own_oplog_tests(document, diff, after):
+    assert json.dumps(updated(document, {"$v": 2, "diff": diff})) == json.dumps(after)  # the fields' order too
+
+
+def test_oplog_diffs_delete_insert_resize_pad_and_recurse_as_mongodb_s_diff_applier():
+    """The rules of MongoDB's ``document_diff_applier``: a deleted field goes, an inserted one goes last (moved
+    there if it was present), an updated one stays in place (last if it was absent); an array diff resizes to
+    ``l``, replaces (``uN``) or recurses (``sN``) into elements, and pads the indexes it skips with nulls."""
+    document = {"_id": 1, "a": 1, "b": {"c": [1, {"d": 2}, 3], "e": 0}, "f": 2, "g": [9, 8]}
+    diff = {"d": {"a": False, "nope": False}, "u": {"f": 3, "new": 4}, "i": {"b2": 5, "g": [7]},
+            "sb": {"sc": {"a": True, "l": 2, "s1": {"u": {"d": 20}, "i": {"x": 1}}}, "d": {"e": False}}}
+    assert json.dumps(updated(document, {"$v": 2, "diff": diff})) == json.dumps(
+        {"_id": 1, "b": {"c": [1, {"d": 20, "x": 1}]}, "f": 3, "new": 4, "b2": 5, "g": [7]})
+    assert updated({"l": [1]}, {"$v": 2, "diff": {"sl": {"a": True, "u3": 4}}}) == {"l": [1, None, None, 4]}
+    assert updated({"l": [1]}, {"$v": 2, "diff": {"sl": {"a": True, "l": 3}}}) == {"l": [1, None, None]}
+    assert updated({"l": [[1, 2]]}, {"$v": 2, "diff": {"sl": {"a": True, "s0": {"a": True, "l": 1}}}}) == {"l": [[1]]}
+    assert updated({"a": 1}, {"$v": 2, "diff": {}}) == {"a": 1}
+
+
+@pytest.mark.parametrize(("document", "diff", "problem"), [
+    ({"a": 1}, {"sb": {"u": {"c": 1}}}, "a sub-diff of 'b', which the stored document does not have"),
+    ({"a": 1}, {"sa": {"u": {"c": 1}}}, "a document diff of 'a', which holds 1"),
+    ({"a": {"b": 1}}, {"sa": {"a": True, "u0": 1}}, "an array diff of 'a'"),
+    ({"a": [1]}, {"sa": {"a": True, "s2": {"u": {"c": 1}}}}, "a sub-diff of 'a.2', past the end"),
+    ({"a": [{"$date": 5}]}, {"sa": {"a": True, "s0": {"u": {"c": 1}}}}, "a document diff of 'a.0'"),
+])
+def test_oplog_diffs_on_another_document_than_theirs_are_conflicts(document, diff, problem):
+    """A sub-diff meets the value it was computed on; MongoDB, which may apply an entry twice, writes null where
+    it does not and waits for a later entry: here the stored document is not the source's, and that is named."""
+    with pytest.raises(UpdateConflict, match=problem):
+        updated(document, {"$v": 2, "diff": diff})

@@ -92,7 +92,9 @@ def test_a_patch_for_a_document_never_seen_is_a_bad_event(spark, broker, writer,
     # MongoDB refuses a field inside a string ("Cannot create field"): the stored document is not the source's.
     (mongo_event("u", 2, patch='{"$set":{"email.domain":"x.org"}}'),
      "'email' holds \"annek@noanswer.org\", not a document or an array .MongoDB would have refused"),
-    (mongo_event("u", 2, patch='{"$v":2,"diff":{"u":{"email":"a@b.c"}}}'), r"patch is an oplog diff \(\$v 2"),
+    (mongo_event("u", 2, patch='{"$v":3,"diff":{"u":{"email":"a@b.c"}}}'), r"patch has oplog version \$v 3"),
+    (mongo_event("u", 2, patch='{"$v":2,"$set":{"email":"a@b.c"}}'), r"an oplog diff \(\$v 2\) without a diff"),
+    (mongo_event("u", 2, patch='{"$v":2,"diff":{"sname":{"u":{"x":1}}}}'), "a sub-diff of 'name', which the stored"),
     (mongo_event("u", 2, patch='{"$inc":{"visits":1}}'), r"patch operator\(s\) \$inc not supported"),
     (mongo_event("u", 2, description={"updatedFields": "{oops"}),
      "updateDescription.updatedFields is not a valid JSON object"),
@@ -115,8 +117,8 @@ NESTED = json.dumps({"_id": {"$numberLong": "1004"}, "name": "Anne",
 
 
 def test_nested_patches_apply_to_the_stored_document_in_position_order(spark, broker, writer, tmp_path):
-    """The seed's patch format on nested paths and array indexes, across batches: what is in Delta is
-    patched, and a batch's patches of one key apply in position order, not offset order."""
+    """The seed's patch format on nested paths and array indexes, and MongoDB 5.0's oplog diff, across batches:
+    what is in Delta is patched, and a batch's patches of one key apply in position order, not offset order."""
     topic = new_topic(broker, "fulfillment.inventory.nested", partitions=1)
     table = captured_table(topic, tmp_path, kind="mongodb")
     produce(broker, topic, [(KEY, mongo_event("r", 1, after=NESTED))])
@@ -127,15 +129,19 @@ def test_nested_patches_apply_to_the_stored_document_in_position_order(spark, br
         (KEY, mongo_event("u", 2, patch='{"$set":{"address.city":"Bergen"},"$unset":{"address.zip":true}}')),
         (KEY, mongo_event("u", 4, patch='{"$v":1,"$set":{"prefs.mail.weekly":true,"orders.3":{"sku":"d"}}}')),
         (KEY, mongo_event("u", 5, patch='{"$unset":{"tags.1":true,"nothing.here":true,"orders.9.qty":true}}')),
+        # MongoDB 5.0's oplog diff: a field deleted, one updated in a sub-document, an array cut to 2 elements
+        # of which the second is diffed, one inserted (last).
+        (KEY, mongo_event("u", 6, patch='{"$v":2,"diff":{"d":{"name":false},"saddress":{"u":{"city":"Molde"}},'
+                                        '"sorders":{"a":true,"l":2,"s1":{"u":{"sku":"B"}}},"i":{"seen":1}}}')),
     ])
     run_batch(spark, broker, writer, table)
     text = read_rows(spark, writer, table)[(ID,)]["document"]
     assert json.loads(text) == {
-        "_id": {"$numberLong": "1004"}, "name": "Anne",
-        "address": {"city": "Bergen", "geo": {"lat": 60.0, "lon": 10.7}},
-        "orders": [{"sku": "a", "qty": 1}, {"sku": "b", "qty": {"$numberLong": "5"}}, None, {"sku": "d"}],
-        "tags": ["x", None, "z"], "prefs": {"mail": {"weekly": True}}}
-    assert list(json.loads(text)) == ["_id", "name", "address", "orders", "tags", "prefs"]  # MongoDB's order
+        "_id": {"$numberLong": "1004"},
+        "address": {"city": "Molde", "geo": {"lat": 60.0, "lon": 10.7}},
+        "orders": [{"sku": "a", "qty": 1}, {"sku": "B", "qty": {"$numberLong": "5"}}],
+        "tags": ["x", None, "z"], "prefs": {"mail": {"weekly": True}}, "seen": 1}
+    assert list(json.loads(text)) == ["_id", "address", "orders", "tags", "prefs", "seen"]  # MongoDB's order
 
 
 # Debezium's documentation (connectors/mongodb.adoc, "Change streams capture mode"): an update event of the

@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from cdc_assets.demo.events import db2_source, envelope, postgres_source, sqlserver_source
 from cdc_assets.io.delta import DeltaRsWriter
+from tests.support.document_diffs import document_diff, is_document
 from tests.support.key_changes import (
     TOAST_COLUMNS,
     UNAVAILABLE,
@@ -480,16 +481,12 @@ def ref_truncate(node, parts, size):
     return {**node, head: ref_truncate(node[head], rest, size)}
 
 
-def _is_document(value):
-    return isinstance(value, dict) and not next(iter(value), "").startswith("$")  # not an extended-JSON value
-
-
 def _containers(node, path=()):
     """The paths of a document's embedded documents and arrays (the root's included), where a path can go on."""
     yield path, node
     items = node.items() if isinstance(node, dict) else enumerate(node)
     for name, value in items:
-        if isinstance(value, list) or _is_document(value):
+        if isinstance(value, list) or is_document(value):
             yield from _containers(value, (*path, str(name)))
 
 
@@ -513,7 +510,7 @@ def _nested_update(rng, document, step):
                 changes.append(("unset", (*path, str(rng.randrange(len(node) + 2))), None))
             else:
                 tail = (str(rng.randrange(len(node) + 3)),) + (("new",) if rng.random() < 0.3 else ())
-                if len(tail) == 2 and int(tail[0]) < len(node) and not _is_document(node[int(tail[0])]):
+                if len(tail) == 2 and int(tail[0]) < len(node) and not is_document(node[int(tail[0])]):
                     tail = tail[:1]  # a field inside a value that is not a document: MongoDB refuses it
                 changes.append(("set", (*path, *tail), _random_value(rng, step)))
         else:
@@ -535,12 +532,17 @@ def _nested_update(rng, document, step):
     return changes
 
 
-def _as_event(rng, changes):
-    """Changes as Debezium sends them: an oplog patch ($set/$unset, Debezium 1.x) or, where they include a
-    truncation or at random, change streams' updateDescription (Debezium 2.x and later)."""
+def _as_event(rng, changes, before, after):
+    """Changes of document ``before`` (to ``after``) as Debezium sends them: an oplog patch, $set/$unset
+    (Debezium 1.x, MongoDB before 5.0) or at random a diff (``$v: 2``, MongoDB 5.0 and later, computed from the
+    two documents), or, where they include a truncation or at random, change streams' updateDescription
+    (Debezium 2.x and later)."""
     sets = {".".join(path): value for kind, path, value in changes if kind == "set"}
     unsets = [".".join(path) for kind, path, _ in changes if kind == "unset"]
     truncations = [{"field": ".".join(path), "size": size} for kind, path, size in changes if kind == "truncate"]
+    diff = document_diff(before, after, rng) if rng.random() < 0.35 else None
+    if diff is not None:
+        return {"patch": json.dumps({"$v": 2, "diff": diff})}
     if truncations or not (sets or unsets) or rng.random() < 0.5:
         return {"updateDescription": {"updatedFields": json.dumps(sets) if sets else None,
                                       "removedFields": unsets or None, "truncatedArrays": truncations or None}}
@@ -562,7 +564,7 @@ def mongo_history(rng: random.Random, length: int, docs: int = 4,
                           "n": {"x": step, "arr": [1, {"q": step}, [2, 3]]}}
             events.append((doc, "c" if draw < 0.7 else "r", {"after": json.dumps(state[doc])}))
         elif draw < 0.55:
-            changes = _nested_update(rng, state[doc], step)
+            changes, before = _nested_update(rng, state[doc], step), state[doc]
             for kind, path, value in changes:
                 if kind == "set":
                     state[doc] = ref_set(state[doc], path, value)
@@ -570,7 +572,7 @@ def mongo_history(rng: random.Random, length: int, docs: int = 4,
                     state[doc] = ref_unset(state[doc], path)
                 else:
                     state[doc] = ref_truncate(state[doc], path, value)
-            events.append((doc, "u", _as_event(rng, changes)))
+            events.append((doc, "u", _as_event(rng, changes, before, state[doc])))
         elif draw < 0.65:
             state[doc] = {"_id": state[doc]["_id"], "replaced": step}
             events.append((doc, "u", {"patch": json.dumps(state[doc])}))
@@ -589,9 +591,9 @@ def mongo_history(rng: random.Random, length: int, docs: int = 4,
 def test_random_mongodb_histories_end_as_the_reference(spark, broker, writer, tmp_path, seed, lengths, partitions,
                                                        max_records):
     """Packed like the relational histories: documents 100 apart, events interleaved in one topic; nested
-    $set/$unset and update descriptions against the reference (``ref_*``), in scd1, in soft_delete (the live
-    rows; every other document seen is marked deleted) and in scd2 (the current versions), each field in
-    MongoDB's order."""
+    $set/$unset, oplog diffs and update descriptions against the reference (``ref_*``), in scd1, in soft_delete
+    (the live rows; every other document seen is marked deleted) and in scd2 (the current versions), each field
+    in MongoDB's order."""
     rng = random.Random(seed)
     histories, expected = [], {}
     for index, length in enumerate(lengths):
