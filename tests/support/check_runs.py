@@ -59,11 +59,12 @@ class RandomWrites:
 
 
 def while_writing(write: Callable[[], None], merge_config: str, check: Callable[[], T], runs: int,
-                  pause_s: float = 1.5) -> list[T]:
+                  pause_s: float = 1.5, merge_pause_s: float = 3.0) -> list[T]:
     """``check()`` ``runs`` times, one after the other, while one thread calls ``write()`` again and again (a
-    pause of ``pause_s`` after each) and another runs ``cdc_merge_job`` for ``merge_config`` again and again; both
-    stop once the checks are done. One merge runs first, so that every table exists. A failed merge or write fails
-    the call (after the checks)."""
+    pause of ``pause_s`` after each) and another runs ``cdc_merge_job`` for ``merge_config`` again and again (a
+    pause of ``merge_pause_s`` after each: merge runs back to back took as much CPU as the checks); both stop once
+    the checks are done. One merge runs first, so that every table exists. A failed merge or write fails the call
+    (after the checks)."""
     stop, errors = threading.Event(), list[BaseException]()
 
     def merge() -> None:
@@ -76,6 +77,10 @@ def while_writing(write: Callable[[], None], merge_config: str, check: Callable[
         write()
         time.sleep(pause_s)
 
+    def merge_and_pause() -> None:
+        merge()
+        stop.wait(merge_pause_s)
+
     def loop(work: Callable[[], None]) -> None:
         try:
             while not stop.is_set():
@@ -83,7 +88,7 @@ def while_writing(write: Callable[[], None], merge_config: str, check: Callable[
         except BaseException as exc:  # reported once the checks are done, with the thread's error
             errors.append(exc)
 
-    threads = [threading.Thread(target=loop, args=(work,), daemon=True) for work in (write_and_pause, merge)]
+    threads = [threading.Thread(target=loop, args=(work,), daemon=True) for work in (write_and_pause, merge_and_pause)]
     for thread in threads:
         thread.start()
     try:
