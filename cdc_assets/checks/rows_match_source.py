@@ -24,7 +24,7 @@ from cdc_assets.core.apply_modes import apply_mode
 from cdc_assets.core.reconcile import DIALECT_OF_KIND, live_rows
 from cdc_assets.io.delta import DeltaRsWriter
 from cdc_assets.io.freshness import FreshnessProbe
-from cdc_assets.io.kafka import SourceError
+from cdc_assets.io.kafka import SourceError, lost_to_retention
 from cdc_assets.io.reconcile import (
     ConnectOffsets,
     DeltaSide,
@@ -80,27 +80,42 @@ def evaluate_rows_match_source(table: CapturedTable, key: AssetKey, spark: Spark
                           recorded_position(table.target, table.app_id, writer))
         try:
             with FreshnessProbe(kafka.client_settings()) as probe:
+                # Events deleted before they were merged halt the table's merge (the source's SourceError):
+                # it will never catch up, so the check does not wait for it, and fails whatever it finds.
+                lost = [str(error) for partition, (earliest, _) in probe.retained_offsets(table.topic).items()
+                        if (error := lost_to_retention(table.topic, partition, progress.offsets.get(partition),
+                                                       earliest)) is not None]
+
                 def events_waiting() -> int:
                     return live_freshness(table, probe)[0].events_waiting
 
                 result = reconcile(source, delta, table.source_table, keys, settings.buckets,
                                    committed_position_reached(delta, source, events_waiting),
-                                   settings.settle_timeout_s)
+                                   0.0 if lost else settings.settle_timeout_s)
         finally:
             delta.close()
             source.close()
     except (ReconcileError, SourceError, StorageConfigError) as exc:
         return not_evaluated(key, ROWS_MATCH_SOURCE_CHECK, f"cannot evaluate: {exc}")
-    return _rows_match_source_result(table, key, result, settings.sample_keys)
+    return _rows_match_source_result(table, key, result, settings.sample_keys, lost)
 
 
-def _rows_match_source_result(table: CapturedTable, key: AssetKey, result: Reconciliation,
-                              sample_keys: int) -> AssetCheckResult:
+def _rows_match_source_result(table: CapturedTable, key: AssetKey, result: Reconciliation, sample_keys: int,
+                              lost: list[str]) -> AssetCheckResult:
     drifted = [{"bucket": bucket.bucket, **bucket.counts(),
                 "sample_keys": [f"{d.kind}: {d.display}" for d in bucket.differences[:sample_keys]]}
                for bucket in result.drifted]
     compared = _COMPARED_ROWS[table.merge.apply_mode]
-    if result.drifted:
+    if lost:
+        # Keys settle only when nothing of the table waits in its topic (retention deleted it all); else the
+        # differing buckets hold the changes the halted merge has not applied beside those lost.
+        found = (f"{sum(len(bucket.differences) for bucket in result.drifted)} key(s) differ with nothing of the "
+                 "table left in its topic (drifted_buckets)" if result.drifted else
+                 f"the keys those events changed cannot be named: {len(result.differing_first)} of {result.buckets} "
+                 "key buckets differ from the source now, changes in flight among them")
+        description = (f"{table.name}: events of its topic were deleted by retention before they were merged "
+                       f"({'; '.join(lost)}): its merge halts, so the table cannot catch up with the source ({found})")
+    elif result.drifted:
         totals = {kind: sum(bucket.counts()[kind] for bucket in result.drifted)
                   for kind in ("missing", "extra", "different")}
         description = (f"{table.name}: {len(drifted)} of {result.buckets} key buckets drifted from the source "
@@ -126,11 +141,14 @@ def _rows_match_source_result(table: CapturedTable, key: AssetKey, result: Recon
         "side_by_side_s": round(result.side_by_side_s, 3), "waited_s": round(result.waited_s, 3),
         "wall_s": round(result.wall_s, 3), "looks": MetadataValue.json([look.to_metadata() for look in result.looks]),
         "live_rows_filter": live_rows(apply_mode(table.merge.apply_mode)) or "",
+        "lost_to_retention": lost,
     }
-    if result.drifted:  # what drift_repair_sensor's targeted snapshot reads (``core.reconcile.DriftedRanges``)
+    # What drift_repair_sensor's targeted snapshot reads (``core.reconcile.DriftedRanges``); none while the merge
+    # halts, which would never apply the snapshot's reads.
+    if result.drifted and not lost:
         metadata[DRIFTED_RANGES] = MetadataValue.json(result.drifted_ranges().to_metadata())
-    return AssetCheckResult(asset_key=key, check_name=ROWS_MATCH_SOURCE_CHECK, passed=result.passed,
-                            severity=AssetCheckSeverity.ERROR if result.drifted else AssetCheckSeverity.WARN,
+    return AssetCheckResult(asset_key=key, check_name=ROWS_MATCH_SOURCE_CHECK, passed=result.passed and not lost,
+                            severity=AssetCheckSeverity.ERROR if result.drifted or lost else AssetCheckSeverity.WARN,
                             description=description, metadata=metadata)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import random
 import struct
 import uuid
@@ -28,6 +29,7 @@ import pytest
 from deltalake import DeltaTable
 
 from cdc_assets.io.avro import AvroRecords, SchemaRegistrySettings
+from tests.support import check_runs as cr
 from tests.support import harness as h
 from tests.support import workloads as w
 from tests.support.apicurio import Apicurio
@@ -149,36 +151,46 @@ class World(CapturedDatabase):
     prefixes: dict[str, str] = field(default_factory=dict)
     midstream_failures: dict[str, list[str]] = field(default_factory=dict)
     merged: dict[str, list[str]] = field(default_factory=dict)
-    checked: dict[str, dict[str, tuple[bool, str]]] = field(default_factory=dict)
+    midstream_checks: list[dict[str, cr.Verdict]] = field(default_factory=list)
+    checked: dict[str, dict[str, cr.Verdict]] = field(default_factory=dict)
 
-    def config(self, leg: str, only_rnd: bool = False, extra: str = "") -> str:
+    def config(self, leg: str, only_rnd: bool = False, extra: str = "", max_records: int = 1000,
+               modes: tuple[str, ...] = ("scd1", "soft_delete", "scd2")) -> str:
         """The pipeline config of one leg: one ``mariadb`` connector, alltypes and nokey (unless ``only_rnd``), and
-        rnd in every apply mode (delta-rs: the writer does not change the decoded types, and a delta-spark run of
-        these tables costs CI about 80 s); ``extra``: more connector settings."""
+        rnd in every apply mode of ``modes`` (delta-rs: the writer does not change the decoded types, and a
+        delta-spark run of these tables costs CI about 80 s); ``extra``: more connector settings; ``max_records``:
+        the most events a batch merges."""
         prefix = self.prefixes[leg]
         topic = f"{prefix}.{self.database}.rnd"
         record_format = h.avro_format(self.registry_url if leg == "avro" else None)
         others = "" if only_rnd else (f"      - {{name: {self.database}.alltypes}}\n"
                                       f"      - {{name: {self.database}.nokey}}\n")
+        rnd = {"scd1": f"      - {{name: {self.database}.rnd}}\n",
+               "soft_delete": f"      - {{name: {self.database}.rnd_soft, topic: {topic}, path: m/rnd_soft, "
+                              "apply_mode: soft_delete}\n",
+               "scd2": f"      - {{name: {self.database}.rnd_scd2, topic: {topic}, path: m/rnd_scd2, "
+                       "apply_mode: scd2}\n"}
         return f"""\
 kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
 delta: {{root: "{self.root / leg}", writer: delta-rs}}
-batch: {{max_records: 1000, poll_timeout_s: 5, max_batches_per_run: 200}}
+batch: {{max_records: {max_records}, poll_timeout_s: 5, max_batches_per_run: 200}}
 connectors:
   - name: maria
     kind: mariadb
     topic.prefix: {prefix}
 {record_format}{extra}    tables:
-{others}      - {{name: {self.database}.rnd}}
-      - {{name: {self.database}.rnd_soft, topic: {topic}, path: m/rnd_soft, apply_mode: soft_delete}}
-      - {{name: {self.database}.rnd_scd2, topic: {topic}, path: m/rnd_scd2, apply_mode: scd2}}
-"""
+{others}{"".join(rnd[mode] for mode in modes)}"""
 
     def merge(self, leg: str) -> list[str]:
         """``cdc_merge_job`` over every table of a leg (once for the tests); its failed steps."""
         if leg not in self.merged:
             self.merged[leg] = h.failures(h.run_job(self.config(leg)))
         return self.merged[leg]
+
+    def dsn(self) -> str:
+        """The database's DSN as rows_match_source reads it (``mariadb://``)."""
+        return f"mariadb://{self.mariadb.user}:{self.mariadb.password}@{self.mariadb.host}:{self.mariadb.port}/" \
+               f"{self.database}"
 
     def path(self, leg: str, table: str) -> Path:
         """The Delta path of a leg's table (default path, or the ``m/`` one of the other apply modes)."""
@@ -231,6 +243,19 @@ def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker, sc
             next_rnd = w.rnd_changes(sql, rng, rnd_ids, next_rnd, 200)  # type: ignore[arg-type]
             world.wait_for_marker(sql)
             world.midstream_failures = {leg: h.failures(h.run_job(world.config(leg))) for leg in LEGS}
+            # rows_match_source of the JSON leg's rnd_scd2 while the random workload keeps writing and the merge
+            # keeps merging, in batches smaller than the table: changes are in flight at every look, none of them
+            # may read as drift. (test_real_debezium.py does the same with an scd1 table.)
+            writes = cr.RandomWrites(sql, rng, rnd_ids, next_rnd)  # type: ignore[arg-type]
+            os.environ[DSN_ENV] = world.dsn()
+            try:
+                world.midstream_checks = cr.while_writing(
+                    writes, world.config("json", only_rnd=True, max_records=cr.BUSY_MAX_RECORDS, modes=("scd2",)),
+                    lambda: rows_match_source(world.config("json", only_rnd=True, extra=BUSY_ROWS_MATCH_SOURCE,
+                                                           modes=("scd2",))), runs=2)
+            finally:
+                os.environ.pop(DSN_ENV, None)
+            next_rnd = writes.next_id
 
             # Phase 2: the connectors stopped (their offsets stored), writes meanwhile, resumed from their offsets.
             next_rnd = w.rnd_changes(sql, rng, rnd_ids, next_rnd, 60)  # type: ignore[arg-type]
@@ -270,18 +295,17 @@ def _assert_equal(world: World, leg: str, table: str, expected: dict[str, h.Norm
 
 
 DSN_ENV = "CDC_MARIADB_CONFORMANCE_DSN"
-ROWS_MATCH_SOURCE = f"    rows_match_source: {{dsn_env: {DSN_ENV}, buckets: 16, settle_timeout_s: 30}}\n"
+ROWS_MATCH_SOURCE = cr.rows_match_source_settings(DSN_ENV)
+BUSY_ROWS_MATCH_SOURCE = cr.rows_match_source_settings(DSN_ENV, cr.BUSY_SETTLE_TIMEOUT_S)
 
 
-def rows_match_source(config: str) -> dict[str, tuple[bool, str]]:
-    """The ``rows_match_source`` verdicts of the config's tables (the connector's check job), by table: passed,
-    and the check's description; each compared the random workload's doubles (``score``)."""
-    result = h.run_job(config, "maria_rows_match_source_job")
-    assert result.success, h.failures(result)
-    evaluations = result.get_asset_check_evaluations()
-    for evaluation in evaluations:
-        assert "score" in str(evaluation.metadata["columns_compared"].value), evaluation.metadata
-    return {str(e.description).split(":")[0]: (e.passed, str(e.description)) for e in evaluations}
+def rows_match_source(config: str) -> dict[str, cr.Verdict]:
+    """The ``rows_match_source`` verdicts of the config's tables (the connector's check job), by table; each
+    compared the random workload's doubles (``score``)."""
+    found = cr.verdicts(config, "maria_rows_match_source_job")
+    for verdict in found.values():
+        assert "score" in verdict.metadata["columns_compared"], verdict.metadata
+    return found
 
 
 def _merged(world: World, leg: str) -> None:
@@ -315,18 +339,20 @@ def test_random_workload_with_key_changes_and_a_connector_stop_in_every_apply_mo
                                                                                   monkeypatch):
     """Seeded random inserts, updates, deletes and primary-key changes (PostgreSQL's workload generator, some in
     multi-statement transactions), merged once mid-stream, with the connector stopped and resumed meanwhile.
-    rows_match_source (the JSON leg's) finds no drift: MariaDB's SQL and Spark's give each value the same text."""
+    rows_match_source (the JSON leg's) finds no drift: run twice on the scd2 table while the workload wrote and the
+    merge merged (changes in flight at a first look), and on every apply mode's table at the end: MariaDB's SQL and
+    Spark's give each value the same text."""
     _merged(world, leg)
     table = {"scd1": "rnd", "soft_delete": "rnd_soft", "scd2": "rnd_scd2"}[apply_mode]
     _assert_equal(world, leg, table, {"at": utc_datetime}, RND_ACTUAL, apply_mode)
     if leg == "json":
+        if apply_mode == "scd2":
+            cr.assert_no_drift_while_writing(world.midstream_checks, f"{world.database}.{table}", cr.BUSY_MAX_RECORDS)
         if leg not in world.checked:  # one check run for the three tables
-            mariadb = world.mariadb
-            monkeypatch.setenv(DSN_ENV, f"mariadb://{mariadb.user}:{mariadb.password}@{mariadb.host}:{mariadb.port}/"
-                                        f"{world.database}")
+            monkeypatch.setenv(DSN_ENV, world.dsn())
             world.checked[leg] = rows_match_source(world.config(leg, only_rnd=True, extra=ROWS_MATCH_SOURCE))
-        passed, description = world.checked[leg][f"{world.database}.{table}"]
-        assert passed, description
+        verdict = world.checked[leg][f"{world.database}.{table}"]
+        assert verdict.passed, verdict.description
     if apply_mode == "scd2":
         current: dict[int, int] = {}
         for row in h.delta_rows(world.path(leg, table)):

@@ -27,6 +27,7 @@ from deltalake import DeltaTable
 from cdc_assets.io.delta import DeltaTarget
 from cdc_assets.io.storage import delta_rs_options
 from cdc_assets.io.transactions import consistent_versions
+from tests.support import check_runs as cr
 from tests.support import harness as h
 from tests.support import workloads as w
 from tests.support.objectstore import ObjectStore
@@ -78,18 +79,19 @@ class World:
     marker: int = 0
     snapshot_notifications: list[dict[str, Any]] = field(default_factory=list)
     merged: dict[tuple[str, str], list[str]] = field(default_factory=dict)
-    midstream_checks: dict[str, tuple[bool, str]] = field(default_factory=dict)
-    checked: dict[str, dict[str, tuple[bool, str]]] = field(default_factory=dict)
+    midstream_checks: list[dict[str, cr.Verdict]] = field(default_factory=list)
+    checked: dict[str, dict[str, cr.Verdict]] = field(default_factory=dict)
 
     def config(self, connector: str, tables: str, extra: str = "", writer: str = "delta-rs", root: str = "",
-               storage_options: dict[str, str] | None = None) -> str:
+               storage_options: dict[str, str] | None = None, max_records: int = 1000) -> str:
         """A pipeline config with one connector; ``tables`` is its YAML list of tables; ``root``: the Delta root
-        (default: the writer's directory under the module's), reached with ``storage_options``."""
+        (default: the writer's directory under the module's), reached with ``storage_options``; ``max_records``:
+        the most events a batch merges."""
         options = json.dumps(storage_options or {})
         return f"""\
 kafka: {{bootstrap_servers: "{self.bootstrap_servers}"}}
 delta: {{root: "{root or self.root / writer}", writer: {writer}, storage_options: {options}}}
-batch: {{max_records: 1000, poll_timeout_s: 5, max_batches_per_run: 200}}
+batch: {{max_records: {max_records}, poll_timeout_s: 5, max_batches_per_run: 200}}
 connectors:
   - name: {connector}
     kind: postgresql
@@ -229,7 +231,15 @@ def world(broker: Any, postgres: Any, tmp_path_factory: pytest.TempPathFactory) 
             _marker(connection, world)
             world.midstream_failures = world.merge("p", _p_tables(world))
             world.merged.clear()
-            world.midstream_checks = rows_match_source(world.config("p", _rnd_tables(world), ROWS_MATCH_SOURCE))
+            # rows_match_source of rnd while the random workload keeps writing and the merge keeps merging, in
+            # batches smaller than the table: changes are in flight at every look, and none of them may read as
+            # drift. (test_mariadb.py does the same with an scd2 table.)
+            writes = cr.RandomWrites(connection, rng, rnd_ids, next_rnd)
+            busy = "      - {name: public.rnd}\n"
+            world.midstream_checks = cr.while_writing(
+                writes, world.config("p", busy, max_records=cr.BUSY_MAX_RECORDS),
+                lambda: rows_match_source(world.config("p", busy, BUSY_ROWS_MATCH_SOURCE), {"public.rnd"}), runs=2)
+            next_rnd = writes.next_id
 
             # Phase 2: Debezium stopped mid-stream, writes while it is down, restarted from its offset files.
             # (A hard kill is test_postgres_connect's: Connect's offset topic survives one, a file store
@@ -290,21 +300,19 @@ RND_TABLES = """\
       - {name: public.rnd_soft, topic: TOPIC_rnd, path: p/rnd_soft, apply_mode: soft_delete}
       - {name: public.rnd_scd2, topic: TOPIC_rnd, path: p/rnd_scd2, apply_mode: scd2}
 """
-ROWS_MATCH_SOURCE = f"    rows_match_source: {{dsn_env: {SIGNAL_DSN_ENV}, buckets: 16, settle_timeout_s: 30}}\n"
+ROWS_MATCH_SOURCE = cr.rows_match_source_settings(SIGNAL_DSN_ENV)
+BUSY_ROWS_MATCH_SOURCE = cr.rows_match_source_settings(SIGNAL_DSN_ENV, cr.BUSY_SETTLE_TIMEOUT_S)
 
 
 def _rnd_tables(world: World) -> str:
     return RND_TABLES.replace("TOPIC_", f"{world.prefixes['p']}.public.")
 
 
-def rows_match_source(config: str) -> dict[str, tuple[bool, str]]:
+def rows_match_source(config: str, tables: set[str] | None = None) -> dict[str, cr.Verdict]:
     """The ``rows_match_source`` verdicts of the config's tables (the ``p`` connector's check job, the source's
-    DSN in ``SIGNAL_DSN_ENV``), by table: passed, and the check's description."""
-    result = h.run_job(config, "p_rows_match_source_job")
-    assert result.success, h.failures(result)
-    found = {str(e.description).split(":")[0]: (e.passed, str(e.description))
-             for e in result.get_asset_check_evaluations()}
-    assert set(found) == {"public.rnd", "public.rnd_soft", "public.rnd_scd2"}, found
+    DSN in ``SIGNAL_DSN_ENV``), by table: ``tables`` (default the three of ``RND_TABLES``)."""
+    found = cr.verdicts(config, "p_rows_match_source_job")
+    assert set(found) == (tables or {"public.rnd", "public.rnd_soft", "public.rnd_scd2"}), found
     return found
 
 
@@ -428,8 +436,9 @@ def test_replica_identity_full_message_key_columns_and_truncate(world):
 @pytest.mark.parametrize("apply_mode", ["scd1", "soft_delete", "scd2"])
 def test_random_workload_with_key_changes_and_a_restart_in_every_apply_mode(world, apply_mode, monkeypatch):
     """Seeded random inserts, updates, deletes and primary-key changes, merged once mid-stream, with
-    Debezium stopped and restarted (it resumes from its offsets). rows_match_source, run mid-stream after the
-    merge and at the end, finds no drift (its checksums of each side's SQL agree where the rows do)."""
+    Debezium stopped and restarted (it resumes from its offsets). rows_match_source finds no drift: run twice on
+    the scd1 table while the workload wrote and the merge merged (changes in flight at a first look), and on
+    every apply mode's table at the end (its checksums of each side's SQL agree where the rows do)."""
     failed = world.merge("p", _p_tables(world))
     assert not world.midstream_failures and not failed, world.midstream_failures + failed
     path = {"scd1": world.path("p", "rnd"), "soft_delete": world.root / "delta-rs" / "p" / "rnd_soft",
@@ -437,11 +446,12 @@ def test_random_workload_with_key_changes_and_a_restart_in_every_apply_mode(worl
     _assert_equal(world, "p", "rnd", "SELECT * FROM rnd", h.RND_EXPECTED, h.RND_ACTUAL, apply_mode=apply_mode,
                   path=path)
     table = {"scd1": "public.rnd", "soft_delete": "public.rnd_soft", "scd2": "public.rnd_scd2"}[apply_mode]
-    assert world.midstream_checks[table][0], world.midstream_checks[table][1]
+    if apply_mode == "scd1":
+        cr.assert_no_drift_while_writing(world.midstream_checks, table, cr.BUSY_MAX_RECORDS)
     if "local" not in world.checked:  # one check run for the three tables
         monkeypatch.setenv(SIGNAL_DSN_ENV, world.dsn)
         world.checked["local"] = rows_match_source(world.config("p", _rnd_tables(world), ROWS_MATCH_SOURCE))
-    assert world.checked["local"][table][0], world.checked["local"][table][1]
+    assert world.checked["local"][table].passed, world.checked["local"][table].description
     if apply_mode == "scd2":
         assert h.one_current_version_per_key(path) == {}
         assert world.runner.starts == 2
@@ -466,8 +476,8 @@ def test_random_workload_on_s3_with_each_writer_in_every_apply_mode(world, objec
     result = h.run_job(config)
     assert result.success, h.failures(result)
     monkeypatch.setenv(SIGNAL_DSN_ENV, world.dsn)
-    verdicts = rows_match_source(config)
-    assert all(passed for passed, _ in verdicts.values()), verdicts
+    checked = rows_match_source(config)
+    assert all(verdict.passed for verdict in checked.values()), checked
     paths = {"scd1": f"{root}/{world.prefixes['p']}/public/rnd", "soft_delete": f"{root}/p/rnd_soft",
              "scd2": f"{root}/p/rnd_scd2"}
     for apply_mode, path in paths.items():

@@ -4,7 +4,7 @@ topics as they are now (``TopicProbe``), and control topics read event by event 
 from cdc_assets.io.kafka.batch import KEY_CHANGE_HEADERS, RAW_SCHEMA, Cut, Decode, RawBatch, ReadRequest
 from cdc_assets.io.kafka.clients import LIBRDKAFKA_LOGGER
 from cdc_assets.io.kafka.control import ControlRead, ControlRecord, read_control, read_control_if_exists
-from cdc_assets.io.kafka.errors import SourceError, UnknownTopicError
+from cdc_assets.io.kafka.errors import SourceError, UnknownTopicError, lost_to_retention
 from cdc_assets.io.kafka.probe import TopicProbe
 from cdc_assets.io.kafka.source import KafkaSource
 
@@ -22,6 +22,7 @@ __all__ = [
     "SourceError",
     "TopicProbe",
     "UnknownTopicError",
+    "lost_to_retention",
     "read_control",
     "read_control_if_exists",
 ]

@@ -26,6 +26,15 @@ class UnknownTopicError(SourceError):
     """The topic does not exist on the broker (not retried); the message lists the closest topics there."""
 
 
+def lost_to_retention(topic: str, partition: int, committed: int | None, earliest: int) -> SourceError | None:
+    """The error of a partition whose offset ``committed`` (the next one a table would merge) is below its
+    ``earliest`` retained offset: events were deleted before they were merged, and no merge can apply them."""
+    if committed is None or committed >= earliest:
+        return None
+    return SourceError(f"{topic}[{partition}]: committed offset {committed} is below the earliest retained offset "
+                       f"{earliest}: events were deleted by retention before they were applied")
+
+
 class Retrying:
     """Runs a source's metadata and watermark requests, retrying Kafka errors and timeouts ``retries`` times
     with exponential backoff from ``backoff_s``; then a clear ``SourceError``. Not retried: an unknown topic,

@@ -24,7 +24,13 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from cdc_assets.io.kafka.batch import RAW_SCHEMA, Cut, Decode, RawBatch, ReadRequest
 from cdc_assets.io.kafka.carry import Carry, cut_batch, split
 from cdc_assets.io.kafka.clients import CONSUMER_DEFAULTS, look_up, watermarks
-from cdc_assets.io.kafka.errors import DEFAULT_ADDRESS_SOURCE, Retrying, SourceError, UnknownTopicError
+from cdc_assets.io.kafka.errors import (
+    DEFAULT_ADDRESS_SOURCE,
+    Retrying,
+    SourceError,
+    UnknownTopicError,
+    lost_to_retention,
+)
 from cdc_assets.io.kafka.fetch import Fetch
 from cdc_assets.io.kafka.names import unknown_topic_message
 
@@ -241,10 +247,9 @@ class KafkaSource:
 
             low, high[partition] = self._retrying(read, f"reading watermarks of {topic}[{partition}]")
             committed = (request.start_offsets or {}).get(partition)
-            if committed is not None and committed < low:
-                raise SourceError(
-                    f"{topic}[{partition}]: committed offset {committed} is below the earliest retained "
-                    f"offset {low}: events were deleted by retention before they were applied")
+            lost = lost_to_retention(topic, partition, committed, low)
+            if lost is not None:
+                raise lost
             if committed is not None and committed > high[partition]:
                 raise SourceError(
                     f"{topic}[{partition}]: committed offset {committed} is beyond the high watermark "
