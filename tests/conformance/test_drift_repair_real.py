@@ -230,7 +230,10 @@ connectors:
                 assert [gap in entry for entry in retained.metadata["lost_to_retention"].value] == [True]
                 assert retained.metadata["waited_s"].value < 5, retained.metadata["waited_s"]
                 named = [key for bucket in retained.metadata["drifted_buckets"].value for key in bucket["sample_keys"]]
-                assert sorted(named) == ["different: 60", "different: 61", "different: 90", "missing: 301"], named
+                if named:  # the look found the slot confirmed past the source's position: the keys settle at once
+                    assert sorted(named) == ["different: 60", "different: 61", "different: 90", "missing: 301"], named
+                else:  # the slot had not confirmed it yet (the suite's load): counted, never named wrongly
+                    assert "cannot be named" in (retained.description or ""), retained.description
                 assert "drifted_ranges" not in retained.metadata  # a snapshot's reads would wait behind the gap
                 assert tick(cursor).run_requests == []
             finally:

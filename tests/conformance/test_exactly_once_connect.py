@@ -63,16 +63,19 @@ def test_topics_written_in_transactions_read_to_their_end_while_the_connector_wr
             writer.start()
             read: list[tuple[int, int]] = []
             offsets: dict[int, int] | None = None
+            ends: dict[int, int] | None = None
             slowest = 0.0
             deadline = time.monotonic() + 120
-            while writer.is_alive() or len(read) < ROWS + 1:
-                assert time.monotonic() < deadline, f"{len(read)} of {ROWS + 1} records read"
+            # Until the batches reach the high watermarks too: a batch that ends at its record limit on the last
+            # record leaves the last commit marker for the next one.
+            while writer.is_alive() or len(read) < ROWS + 1 or offsets != ends:
+                assert time.monotonic() < deadline, f"{len(read)} of {ROWS + 1} records read, at {offsets} of {ends}"
                 started = time.monotonic()
                 batch = source.read_batch(topic, offsets, 50, 10**9, poll_timeout_s=5)
                 slowest = max(slowest, time.monotonic() - started)
                 assert offsets is None or batch.start_offsets == offsets
                 read += zip(batch.records["partition"].to_pylist(), batch.records["offset"].to_pylist(), strict=True)
-                offsets = batch.end_offsets
+                offsets, ends = batch.end_offsets, batch.high_watermarks
             writer.join()
         finally:
             worker.delete(name)
