@@ -184,7 +184,7 @@ class SparkCpuByModule:
         used = 0.0
         for _, state in running_servers():
             cpu = process_cpu(state["pid"])
-            used += cpu - self.seen.get(state["pid"], 0.0)
+            used += max(0.0, cpu - self.seen.get(state["pid"], 0.0))  # a reused pid's count starts again
             self.seen[state["pid"]] = cpu
         with open(self.where, "a") as out:
             out.write(json.dumps({"module": item.nodeid.split("::", 1)[0], "cpu": used}) + "\n")
