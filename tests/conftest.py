@@ -56,6 +56,7 @@ SLOW_MODULES_FIRST = (
     "benchmarks/test_avro_decode.py",
     "sensors/test_schema_changes.py",
     "conformance/test_drift_repair_real.py",
+    "conformance/test_mariadb_drift_repair_real.py",
     "io/test_delta_writers.py",
     "definitions/test_definitions.py",
     "conformance/test_exactly_once_connect.py",
