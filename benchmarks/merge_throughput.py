@@ -229,9 +229,11 @@ def _start_spark(settings: dict[str, str]) -> float:
     return time.perf_counter() - started
 
 
-def child(variant: str, bootstrap: str, batch: int, work: Path, root: str, storage_options: Mapping[str, str]) -> None:
+def child(variant: str, bootstrap: str, batch: int, work: Path, root: str, storage_options: Mapping[str, str],
+          spark_settings_: Mapping[str, str] | None = None) -> None:
     """One run of one variant in this (fresh) process, its tables under ``root``; prints one ``RESULT {json}``
-    line."""
+    line. ``spark_settings_`` override the Spark references' defaults (the tests' small workload: a few shuffle
+    partitions instead of Spark's 200; the benchmark never sets them)."""
     from benchmarks.references import (
         run_declarative_pipeline,
         run_no_spark,
@@ -254,7 +256,7 @@ def child(variant: str, bootstrap: str, batch: int, work: Path, root: str, stora
         elif variant == "spark_fold":
             # Spark's own defaults: only the master, the UI off and UTC.
             spark_start = _start_spark({"spark.master": "local[*]", "spark.ui.enabled": "false",
-                                        "spark.sql.session.timeZone": "UTC"})
+                                        "spark.sql.session.timeZone": "UTC", **(spark_settings_ or {})})
             stages = run_spark_fold(SparkSession.getActiveSession(), bootstrap, TOPIC, batch, target, rs_options)
             stages["spark_start_s"] = spark_start
         elif variant == "plain_spark":
@@ -263,7 +265,7 @@ def child(variant: str, bootstrap: str, batch: int, work: Path, root: str, stora
                 "spark.master": "local[*]", "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC",
                 "spark.jars": ",".join([*delta_jars().split(","), *spark_kafka_jars(), *store_jars]),
                 "spark.sql.extensions": DELTA_EXTENSION, "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
-                **store_settings})
+                **store_settings, **(spark_settings_ or {})})
             stages = run_plain_spark(SparkSession.getActiveSession(), bootstrap, TOPIC, batch, spark_path(target),
                                      str(work / "checkpoint"))
             stages["spark_start_s"] = spark_start
@@ -358,10 +360,11 @@ def main() -> None:
     parser.add_argument("--work", help=argparse.SUPPRESS)
     parser.add_argument("--root", help=argparse.SUPPRESS)  # default: <work>/delta, on local disk
     parser.add_argument("--storage-options", default="{}", help=argparse.SUPPRESS)
+    parser.add_argument("--spark-settings", default="{}", help=argparse.SUPPRESS)  # a child's, tests only
     args = parser.parse_args()
     if args.child:
         child(args.child, args.bootstrap, args.batch, Path(args.work), args.root or str(Path(args.work) / "delta"),
-              json.loads(args.storage_options))
+              json.loads(args.storage_options), json.loads(args.spark_settings))
         return
 
     variants = [v for v in args.variants.split(",") if v]

@@ -1,11 +1,13 @@
 """Server CPU and wall time of small delta-spark MERGEs on the local Spark server, with the embedded
-defaults against a reference in the same run: the same MERGEs with Delta's own snapshot partitions (50).
+defaults against two references in the same run: the same MERGEs with Delta's own snapshot partitions (50),
+and in the run's session instead of its small-batch session (``SMALL_BATCH_SETTINGS``), where the writer
+MERGEs a batch of fewer than ``SMALL_BATCH_RECORDS`` rows.
 
     python -m benchmarks.small_merges --rounds 3
 
-After a warm-up round, each round runs ``--merges`` MERGEs of 3 rows per variant, the variants alternating,
-each on a table of its own; figures are summed over rounds and printed per MERGE, with the ratio of the
-defaults to the reference.
+After a warm-up round, each round runs ``--merges`` MERGEs of 3 rows per variant, the variants taking turns
+first, each on a table of its own; figures are summed over rounds and printed per MERGE, with the ratio of the
+defaults to each reference.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import pyarrow as pa
 
 from benchmarks.measure import process_cpu
 from cdc_assets.io.spark import spark_config
-from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server, running_servers
+from cdc_assets.io.spark_server import (
+    connect,
+    disconnect,
+    ensure_local_server,
+    running_servers,
+    small_batch_session,
+)
 
 SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 
@@ -34,34 +42,45 @@ def main() -> None:
     # Only this run's server: another local server (a test worker's) may stop meanwhile and take its CPU along.
     servers = [state["pid"] for _, state in running_servers() if url.endswith(f":{state['port']}")]
     root = tempfile.mkdtemp(prefix="cdc-small-merges-")
-    variants = {"defaults": settings[SNAPSHOT_PARTITIONS], "reference": None}
+    small = small_batch_session(spark) or spark
+    # name -> (session, snapshot partitions: None for Delta's own)
+    variants = {"defaults": (small, settings[SNAPSHOT_PARTITIONS]), "reference": (small, None),
+                "run's session": (spark, settings[SNAPSHOT_PARTITIONS])}
     totals = {name: [0.0, 0.0] for name in variants}
     try:
         for name in variants:
-            spark.sql(f"CREATE TABLE delta.`{root}/{name}` (id bigint, v string) USING delta").collect()
-        for round_ in range(-1, args.rounds):  # round -1 warms the JVM up for both, uncounted
-            for name, partitions in variants.items():
+            spark.sql(f"CREATE TABLE delta.`{root}/{_slug(name)}` (id bigint, v string) USING delta").collect()
+        for round_ in range(-1, args.rounds):  # round -1 warms the JVM up for all, uncounted
+            turn = (round_ + 1) % len(variants)  # each variant first in turn: no order favours one
+            for name in [*variants][turn:] + [*variants][:turn]:
+                session, partitions = variants[name]
                 if partitions is None:
-                    spark.conf.unset(SNAPSHOT_PARTITIONS)
+                    session.conf.unset(SNAPSHOT_PARTITIONS)
                 else:
-                    spark.conf.set(SNAPSHOT_PARTITIONS, partitions)
+                    session.conf.set(SNAPSHOT_PARTITIONS, partitions)
                 cpu, wall = sum(map(process_cpu, servers)), time.perf_counter()
                 for i in range((round_ + 1) * args.merges, (round_ + 2) * args.merges):
-                    spark.createDataFrame(pa.table({"id": [3 * i, 3 * i + 1, 10**6 + i % 7], "v": ["a", "b", "c"]})
-                                          ).createOrReplaceTempView("batch")
-                    spark.sql(f"MERGE INTO delta.`{root}/{name}` t USING batch s ON t.id = s.id "
-                              "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *").first()
+                    session.createDataFrame(pa.table({"id": [3 * i, 3 * i + 1, 10**6 + i % 7], "v": ["a", "b", "c"]})
+                                            ).createOrReplaceTempView("batch")
+                    session.sql(f"MERGE INTO delta.`{root}/{_slug(name)}` t USING batch s ON t.id = s.id "
+                                "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *").first()
+                session.conf.set(SNAPSHOT_PARTITIONS, settings[SNAPSHOT_PARTITIONS])
                 if round_ >= 0:
                     totals[name][0] += sum(map(process_cpu, servers)) - cpu
                     totals[name][1] += time.perf_counter() - wall
     finally:
-        spark.conf.set(SNAPSHOT_PARTITIONS, settings[SNAPSHOT_PARTITIONS])
         disconnect(spark)
     merges = args.rounds * args.merges
     for name, (cpu, wall) in totals.items():
-        print(f"{name:9} server CPU {cpu / merges:.2f} s a MERGE, wall {wall / merges:.2f} s")
-    (cpu, wall), (ref_cpu, ref_wall) = totals["defaults"], totals["reference"]
-    print(f"defaults / reference: server CPU {cpu / ref_cpu:.2f}x, wall {wall / ref_wall:.2f}x")
+        print(f"{name:13} server CPU {cpu / merges:.2f} s a MERGE, wall {wall / merges:.2f} s")
+    cpu, wall = totals["defaults"]
+    for name in ("reference", "run's session"):
+        ref_cpu, ref_wall = totals[name]
+        print(f"defaults / {name}: server CPU {cpu / ref_cpu:.2f}x, wall {wall / ref_wall:.2f}x")
+
+
+def _slug(name: str) -> str:
+    return name.replace("'", "").replace(" ", "_")
 
 
 if __name__ == "__main__":

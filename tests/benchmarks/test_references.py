@@ -15,6 +15,9 @@ from cdc_assets.demo.broker import ApacheKafkaBroker
 from cdc_assets.io.spark_server import jvm_environ
 
 BATCH = 2_000
+# Spark's 200 shuffle partitions and Delta's 50 snapshot partitions are the references' defaults in the benchmark;
+# for 2,000-event batches they are 600 tasks of nothing a batch (most of the test's time), and the table is the same.
+SPARK_SETTINGS = {"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,8 @@ def test_reference_matches_fold(reference_name: str, workload: tuple[int, dict[i
     records, reference = workload
     child = subprocess.run(
         [sys.executable, "-m", "benchmarks.merge_throughput", "--child", reference_name, "--bootstrap",
-         broker.bootstrap_servers, "--batch", str(BATCH), "--work", str(tmp_path)],
+         broker.bootstrap_servers, "--batch", str(BATCH), "--work", str(tmp_path),
+         "--spark-settings", json.dumps(SPARK_SETTINGS)],
         capture_output=True, text=True, timeout=600, check=False, env=jvm_environ())
     results = [line for line in child.stdout.splitlines() if line.startswith("RESULT ")]
     assert results, child.stdout[-2000:] + child.stderr[-4000:]

@@ -23,7 +23,8 @@ from cdc_assets.io.delta.metadata import CommitRequest, TableProgress
 from cdc_assets.io.delta.outcomes import CompactionOutcome, KeyReport, MergeOutcome
 from cdc_assets.io.delta.sql import quote_spark, renamed_rows
 from cdc_assets.io.delta.table import DeltaTarget
-from cdc_assets.io.spark import has_delta
+from cdc_assets.io.spark import SMALL_BATCH_RECORDS, has_delta
+from cdc_assets.io.spark_server import small_batch_session
 from cdc_assets.io.storage import spark_path
 
 
@@ -49,7 +50,8 @@ class DeltaSparkWriter(WriterBase):
     def _history(self, target: DeltaTarget, limit: int | None) -> list[dict[str, object]] | None:
         suffix = f" LIMIT {limit}" if limit else ""
         try:
-            rows = self._spark.sql(f"DESCRIBE HISTORY {self._table_ref(target)}{suffix}").collect()
+            # A look at the history is a small query: planned and run like a small batch's (docs/tuning.md).
+            rows = self._small_queries().sql(f"DESCRIBE HISTORY {self._table_ref(target)}{suffix}").collect()
         except Exception as exc:
             if is_missing_table(exc):
                 return None
@@ -78,8 +80,9 @@ class DeltaSparkWriter(WriterBase):
     def merge(self, target: DeltaTarget, rows: pa.Table, key_columns: Sequence[str],
               commit: CommitRequest, mode: ApplyMode, truncation: Truncation | None = None) -> MergeOutcome:
         commit = commit.applying(rows)
+        session = self._merging_session(rows)
         # Spark infers no schema from an empty table (a first batch whose every event was dead-lettered).
-        batch = self._spark.createDataFrame(rows) if rows.num_rows else self._spark.createDataFrame(
+        batch = session.createDataFrame(rows) if rows.num_rows else session.createDataFrame(
             [], from_arrow_schema(rows.schema))
         # One look at the recent history tells existence, version and progress: each look is a Spark query. The
         # batch's own look (``read_progress``) serves: a commit that lands after it is one the MERGE's txn settings
@@ -103,17 +106,28 @@ class DeltaSparkWriter(WriterBase):
         clauses += [self._render("WHEN NOT MATCHED", clause) for clause in plan.not_matched]
         clauses += [self._render("WHEN NOT MATCHED BY SOURCE", clause) for clause in plan.not_matched_by_source]
         try:
-            with concurrent_commit_guard(target, commit), self._committing(commit, mode.evolves_schema):
-                result = self._spark.sql(
+            with concurrent_commit_guard(target, commit), self._committing(commit, mode.evolves_schema, session):
+                result = session.sql(
                     f"MERGE INTO {self._table_ref(target)} t USING {view} s ON {plan.condition} {' '.join(clauses)}"
                 ).first()
         finally:
-            self._spark.catalog.dropTempView(view)
+            session.catalog.dropTempView(view)
         if result is None:
             # Delta skips (no result row) a MERGE whose txn version the table holds: another run committed it.
             return self._applied_before(target)
         return self._merged(target, commit, before, result.asDict(),
                             ("num_inserted_rows", "num_updated_rows", "num_deleted_rows"))
+
+    def _merging_session(self, rows: pa.Table) -> SparkSession:
+        """The session that MERGEs ``rows``: the small-batch session for fewer than ``SMALL_BATCH_RECORDS`` rows
+        (a small MERGE, like a small fold, costs more to plan and generate code for than to run: docs/tuning.md),
+        the writer's own otherwise."""
+        return self._small_queries() if rows.num_rows < SMALL_BATCH_RECORDS else self._spark
+
+    def _small_queries(self) -> SparkSession:
+        """The writer's session's small-batch session (``spark_server.small_batch_session``), the writer's own
+        session where it has none (a session not from ``connect``)."""
+        return small_batch_session(self._spark) or self._spark
 
     def current_rows(self, target: DeltaTarget, keys: pa.Table, columns: Sequence[str]) -> pa.Table | None:
         from pyspark.sql import functions as F
@@ -249,8 +263,11 @@ class DeltaSparkWriter(WriterBase):
             return self._spark.sql(statement)
 
     @contextmanager
-    def _committing(self, commit: CommitRequest, schema_evolution: bool = True) -> Iterator[None]:
-        """Session settings that put the txn and offsets into the next Delta commit, reset after."""
+    def _committing(self, commit: CommitRequest, schema_evolution: bool = True,
+                    session: SparkSession | None = None) -> Iterator[None]:
+        """Settings of ``session`` (the writer's own unless given) that put the txn and offsets into its next Delta
+        commit, reset after."""
+        spark = session or self._spark
         settings = {
             "spark.databricks.delta.write.txnAppId": commit.app_id,
             "spark.databricks.delta.write.txnVersion": str(commit.version),
@@ -260,12 +277,12 @@ class DeltaSparkWriter(WriterBase):
         # Tables merged side by side share the session, whose settings would then name another table's commit.
         with _SESSION_SETTINGS:
             for key, value in settings.items():
-                self._spark.conf.set(key, value)
+                spark.conf.set(key, value)
             try:
                 yield
             finally:
                 for key in settings:
-                    self._spark.conf.unset(key)
+                    spark.conf.unset(key)
 
     def _exists(self, target: DeltaTarget) -> bool:
         return self._history(target, 1) is not None
