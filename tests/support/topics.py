@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Sequence
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker
@@ -40,7 +41,15 @@ def read_topic(broker: ApacheKafkaBroker, topic: str) -> list[tuple[str, object]
     """Every record of partition 0 of ``topic`` up to its end, as (key text, parsed JSON value)."""
     consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "signal-tests",
                          "enable.auto.commit": False})
-    _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    deadline = time.monotonic() + 30
+    while True:  # a topic created a moment ago: the client may not know its partition's leader yet
+        try:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+            break
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
     consumer.assign([TopicPartition(topic, 0, 0)])
     messages = []
     while len(messages) < high:
