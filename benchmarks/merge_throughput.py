@@ -230,9 +230,9 @@ def _start_spark(settings: dict[str, str]) -> float:
 
 
 def child(variant: str, bootstrap: str, batch: int, work: Path, root: str, storage_options: Mapping[str, str],
-          spark_settings_: Mapping[str, str] | None = None) -> None:
+          spark_overrides: Mapping[str, str] | None = None) -> None:
     """One run of one variant in this (fresh) process, its tables under ``root``; prints one ``RESULT {json}``
-    line. ``spark_settings_`` override the Spark references' defaults (the tests' small workload: a few shuffle
+    line. ``spark_overrides`` override the Spark references' defaults (the tests' small workload: a few shuffle
     partitions instead of Spark's 200; the benchmark never sets them)."""
     from benchmarks.references import (
         run_declarative_pipeline,
@@ -256,7 +256,7 @@ def child(variant: str, bootstrap: str, batch: int, work: Path, root: str, stora
         elif variant == "spark_fold":
             # Spark's own defaults: only the master, the UI off and UTC.
             spark_start = _start_spark({"spark.master": "local[*]", "spark.ui.enabled": "false",
-                                        "spark.sql.session.timeZone": "UTC", **(spark_settings_ or {})})
+                                        "spark.sql.session.timeZone": "UTC", **(spark_overrides or {})})
             stages = run_spark_fold(SparkSession.getActiveSession(), bootstrap, TOPIC, batch, target, rs_options)
             stages["spark_start_s"] = spark_start
         elif variant == "plain_spark":
@@ -265,7 +265,7 @@ def child(variant: str, bootstrap: str, batch: int, work: Path, root: str, stora
                 "spark.master": "local[*]", "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC",
                 "spark.jars": ",".join([*delta_jars().split(","), *spark_kafka_jars(), *store_jars]),
                 "spark.sql.extensions": DELTA_EXTENSION, "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
-                **store_settings, **(spark_settings_ or {})})
+                **store_settings, **(spark_overrides or {})})
             stages = run_plain_spark(SparkSession.getActiveSession(), bootstrap, TOPIC, batch, spark_path(target),
                                      str(work / "checkpoint"))
             stages["spark_start_s"] = spark_start

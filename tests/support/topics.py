@@ -7,7 +7,7 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc_assets.demo.broker import PRODUCER_SETTINGS, ApacheKafkaBroker
@@ -18,7 +18,16 @@ def new_topic_named(broker: ApacheKafkaBroker, topic: str, partitions: int = 1) 
     """Create ``topic`` under exactly that name (a connector's derived topics) and return it."""
     admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
     admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result()
-    return topic
+    # Created is not yet readable: until the broker's metadata gives each partition a leader, a client asking for
+    # watermarks gets "Local: Unknown partition".
+    deadline = time.monotonic() + 30
+    while True:
+        found = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if found is not None and found.error is None and len(found.partitions) == partitions and all(
+                partition.leader >= 0 for partition in found.partitions.values()):
+            return topic
+        assert time.monotonic() < deadline, f"topic {topic} has no leader for each partition after 30 s: {found}"
+        time.sleep(0.1)
 
 
 def new_topic(broker: ApacheKafkaBroker, name: str, partitions: int = 1) -> str:
@@ -41,15 +50,7 @@ def read_topic(broker: ApacheKafkaBroker, topic: str) -> list[tuple[str, object]
     """Every record of partition 0 of ``topic`` up to its end, as (key text, parsed JSON value)."""
     consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "signal-tests",
                          "enable.auto.commit": False})
-    deadline = time.monotonic() + 30
-    while True:  # a topic created a moment ago: the client may not know its partition's leader yet
-        try:
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-            break
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._UNKNOWN_PARTITION or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
     consumer.assign([TopicPartition(topic, 0, 0)])
     messages = []
     while len(messages) < high:
