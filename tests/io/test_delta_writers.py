@@ -96,6 +96,32 @@ def test_tables_are_checkpointed_every_10_commits(spark, writer, tmp_path):
     assert writer.read_progress(target, "cdc_assets:t").offsets == {0: 12}
 
 
+def test_the_local_logs_history_is_what_describe_history_gives(spark, tmp_path):
+    """A table both writers committed to (delta-rs first: delta-spark then maps its column names, which delta-rs
+    does not evolve), past a checkpoint and a compaction: its log's files give the versions
+    and commit metadata Spark's ``DESCRIBE HISTORY`` gives, whole and newest-first limited (what the delta-spark
+    writer reads its progress from on a disk it shares with its server)."""
+    from cdc_assets.io.delta.log_files import local_log_dir, logged_history
+
+    target = DeltaTarget(str(tmp_path / "t"))
+    for n in range(1, 13):
+        name = "delta-rs" if n < 5 else "delta-spark"
+        select_writer(name, spark).merge(target, batch(spark, (n, "a", "c", f"{n:02d}")), ["My Id"],
+                                         commit(n, {0: n}), SCD1)
+    select_writer("delta-spark", spark).compact(target, min_files=2)
+    log_dir = local_log_dir(f"file://{target.path}")
+    assert log_dir == local_log_dir(target.path) == tmp_path / "t" / "_delta_log"
+    assert local_log_dir("s3://bucket/t") is None
+    for limit in (None, 1, 5):
+        suffix = f" LIMIT {limit}" if limit else ""
+        described = [(row["version"], row["userMetadata"])
+                     for row in spark.sql(f"DESCRIBE HISTORY delta.`{target.path}`{suffix}").collect()]
+        logged = [(entry["version"], entry.get("userMetadata")) for entry in logged_history(log_dir, limit) or []]
+        assert logged == described
+    assert len(described) == 5 and described[0][0] >= 12
+    assert logged_history(tmp_path / "none" / "_delta_log", None) is None
+
+
 def test_auto_takes_delta_rs_on_local_spark_even_with_delta(spark):
     from cdc_assets.io.spark import has_delta
 
