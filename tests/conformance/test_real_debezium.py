@@ -461,7 +461,7 @@ def test_random_workload_with_key_changes_and_a_restart_in_every_apply_mode(worl
 
 
 # The S3 legs' batches: each table's history takes several, so the check runs on tables built batch by batch.
-S3_MAX_RECORDS = 250
+S3_MAX_RECORDS = 400
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import pyarrow as pa
+from deltalake.exceptions import DeltaError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -23,7 +24,7 @@ from cdc_assets.io.delta.log_files import local_log_dir, logged_history
 from cdc_assets.io.delta.metadata import CommitRequest, TableProgress
 from cdc_assets.io.delta.outcomes import CompactionOutcome, KeyReport, MergeOutcome
 from cdc_assets.io.delta.sql import quote_spark, renamed_rows
-from cdc_assets.io.delta.table import DeltaTarget
+from cdc_assets.io.delta.table import DeltaTarget, open_table
 from cdc_assets.io.spark import SMALL_BATCH_RECORDS, has_delta, is_local
 from cdc_assets.io.spark_server import small_batch_session
 from cdc_assets.io.storage import spark_path
@@ -51,10 +52,18 @@ class DeltaSparkWriter(WriterBase):
 
     def _history(self, target: DeltaTarget, limit: int | None) -> list[dict[str, object]] | None:
         """The newest ``limit`` commit infos of the table (all where None), newest first; None: no table. From
-        the log's files where the server shares this process's disk, else from a Spark query."""
+        the log's files where the server shares this process's disk, through delta-rs where the target names
+        the store options Spark's settings come from (``storage.spark_settings``), else from a Spark query."""
         log_dir = local_log_dir(target.path) if self._shares_disk else None
         if log_dir is not None:
             return logged_history(log_dir, limit)
+        if target.storage_options:
+            try:
+                table = open_table(target)
+            except DeltaError:  # a table delta-rs cannot open (a reader feature it lacks): Spark reads it
+                table = None
+            else:
+                return None if table is None else table.history(limit)
         suffix = f" LIMIT {limit}" if limit else ""
         try:
             # A look at the history is a small query: planned and run like a small batch's (docs/tuning.md).
