@@ -18,6 +18,7 @@ from cdc_assets.config import ConfigError, parse_config
 from cdc_assets.definitions import build_definitions
 from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, MergeOutcome
+from cdc_assets.io.delta.table import open_table
 from cdc_assets.io.registry import read_history, record_change
 from cdc_assets.io.signals import SnapshotSignal, audit_signal
 from cdc_assets.io.spark import spark_config
@@ -73,6 +74,13 @@ def test_both_writers_read_each_others_tables_on_s3(s3_spark, object_store, buck
     rs.merge(target, batch(s3_spark, (1, "a", "c", "01")), ["My Id"], commit(1, {0: 1}), SCD1)
     spark_writer.merge(target, batch(s3_spark, (2, "b", "c", "02")), ["My Id"], commit(2, {0: 2}), SCD1)
     assert rs.read_progress(target, "cdc_assets:t").offsets == {0: 2}
+    # delta-rs gives the history Spark does (the delta-spark writer reads it through delta-rs on a store).
+    described = [(row["version"], row["userMetadata"])
+                 for row in s3_spark.sql(f"DESCRIBE HISTORY delta.`{spark_path(target.path)}`").collect()]
+    table = open_table(target)
+    assert table is not None
+    assert [(entry["version"], entry.get("userMetadata")) for entry in table.history()] == described
+    assert spark_writer.read_progress(target, "cdc_assets:t").offsets == {0: 2}
     assert table_rows(s3_spark, rs, target) == table_rows(s3_spark, spark_writer, target) == [
         (1, "a", "c", "01", None), (2, "b", "c", "02", None)]
 

@@ -8,7 +8,6 @@ import json
 import os
 import re
 from pathlib import Path
-from urllib.parse import urlparse
 
 from cdc_assets.io.storage import store_of
 
@@ -19,7 +18,7 @@ def local_log_dir(path: str) -> Path | None:
     """The ``_delta_log`` folder of a table ``path`` on local disk; None for a table on another store."""
     if store_of(path) != "local":
         return None
-    return Path(urlparse(path).path if "://" in path else path) / "_delta_log"
+    return Path(path.removeprefix("file://")) / "_delta_log"
 
 
 def logged_history(log_dir: Path, limit: int | None) -> list[dict[str, object]] | None:

@@ -54,10 +54,10 @@ class DeltaSparkWriter(WriterBase):
         """The newest ``limit`` commit infos of the table (all where None), newest first; None: no table. From
         the log's files where the server shares this process's disk, through delta-rs where the target names
         the store options Spark's settings come from (``storage.spark_settings``), else from a Spark query."""
-        log_dir = local_log_dir(target.path) if self._shares_disk else None
-        if log_dir is not None:
+        log_dir = local_log_dir(target.path)
+        if log_dir is not None and self._shares_disk:
             return logged_history(log_dir, limit)
-        if target.storage_options:
+        if log_dir is None and target.storage_options:  # delta-rs on this disk would read another machine's path
             try:
                 table = open_table(target)
             except DeltaError:  # a table delta-rs cannot open (a reader feature it lacks): Spark reads it
