@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
@@ -221,11 +222,14 @@ def run_demo(ui: bool, ui_port: int, broker_port: int) -> int:
     ui_process: subprocess.Popen[bytes] | None = None
 
     def stop_spark_and_broker() -> None:
+        # Both take seconds to stop controlled: side by side.
+        broker_stopping = threading.Thread(target=broker.stop, name="broker-stop")
+        broker_stopping.start()
         # The demo's runs started this checkout's Spark server: it goes with the rest. One that ran before stays.
         if stop_servers([(path, state) for path, state in running_servers(this_checkout=True)
                          if state["pid"] not in servers_before]):
             print("stopped the local Spark server the demo started", flush=True)
-        broker.stop()
+        broker_stopping.join()
 
     try:
         broker.start()
