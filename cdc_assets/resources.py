@@ -90,6 +90,13 @@ class SparkResource(ConfigurableResource):
             self._reading_session = self._new_session(settings)
         return self._reading_session
 
+    def start_local_server(self) -> None:
+        """Start the shared local Spark server of this resource's sessions, if runs use one and none runs: the
+        start the first run would otherwise wait for (the demo has it made while its broker starts)."""
+        spark = self.as_config()
+        if spark.uses_local_server:
+            ensure_local_server(self.spark_config, spark.local_server_idle_timeout_s)
+
     def _new_session(self, settings: dict[str, str]) -> SparkSession:
         spark = self.as_config()
         return (connect(ensure_local_server(settings, spark.local_server_idle_timeout_s))

@@ -22,9 +22,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -64,15 +65,49 @@ def demo_env(bootstrap_servers: str) -> dict[str, str]:
     return env
 
 
-def run_job(env: Mapping[str, str], job: str) -> bool:
-    """``job`` of the code location through Dagster's CLI (recorded in the demo's Dagster home, so the UI
-    shows it)."""
-    run = subprocess.run([_bin("dagster"), "job", "execute", "-m", "cdc_assets.definitions", "-j", job],
-                         env=dict(env), cwd=ROOT, capture_output=True, text=True)
-    if run.returncode != 0:
-        print(run.stdout[-5000:], run.stderr[-5000:], sep="\n")
-        print(f"{job} failed", file=sys.stderr)
-    return run.returncode == 0
+def start_runs(env: Mapping[str, str], jobs: list[str], wait: bool = False) -> subprocess.Popen[str]:
+    """``jobs`` of the code location in one process (``cdc_assets.demo.runs``), recorded in the demo's Dagster
+    home, so the UI shows them; Dagster's logs go to ``runs.log``. ``wait``: it imports Dagster and the pipeline
+    and starts the local Spark server at once, and runs the jobs when ``go`` tells it to."""
+    with (STATE / "runs.log").open("a") as log:
+        return subprocess.Popen([sys.executable, "-m", "cdc_assets.demo.runs", *(["--wait"] if wait else []), *jobs],
+                                env=dict(env), cwd=ROOT, stdin=subprocess.PIPE if wait else subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=log, text=True)
+
+
+def go(runs: subprocess.Popen[str]) -> None:
+    """Let the runs of ``start_runs(..., wait=True)`` begin."""
+    assert runs.stdin is not None
+    runs.stdin.write("go\n")
+    runs.stdin.close()
+
+
+def finish_runs(runs: subprocess.Popen[str]) -> bool:
+    """Print each run's ``<job> succeeded`` as it ends; on a failure, the end of Dagster's log and what failed."""
+    assert runs.stdout is not None
+    failed = []
+    for line in runs.stdout:
+        if line.endswith(" succeeded\n"):
+            print(line, end="", flush=True)
+        else:
+            failed.append(line)
+    if runs.wait() == 0:
+        return True
+    print((STATE / "runs.log").read_text()[-10000:])
+    print("".join(failed) or f"the demo's runs failed (exit code {runs.returncode})", file=sys.stderr, end="")
+    return False
+
+
+def stop_runs(runs: subprocess.Popen[str]) -> None:
+    """Wait for the runs' process to end (a run interrupted by Ctrl-C ends first): a Spark server it was starting
+    must have written its state before the demo stops the servers it started."""
+    if runs.stdin is not None and not runs.stdin.closed:
+        runs.stdin.close()  # no runs: the process ends once the Spark server it started answers
+    try:
+        runs.wait(120)
+    except subprocess.TimeoutExpired:
+        runs.kill()
+        runs.wait(10)
 
 
 def print_tables(env: Mapping[str, str]) -> None:
@@ -113,16 +148,21 @@ def _wait_for_ui(process: subprocess.Popen[bytes], url: str, log: Path, timeout_
         except OSError:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"dagster dev did not start; its log: {log}\n{log.read_text()[-3000:]}") from None
-            time.sleep(1)
+            time.sleep(0.2)
 
 
-def serve_ui(env: Mapping[str, str], port: int) -> None:
-    """``dagster dev`` on 127.0.0.1 until Ctrl-C or SIGTERM; its processes stop with it."""
-    log = STATE / "dagster_dev.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
+def start_ui(env: Mapping[str, str], port: int) -> subprocess.Popen[bytes]:
+    """``dagster dev`` on 127.0.0.1, started (``serve_ui`` waits for it and stops it)."""
+    with (STATE / "dagster_dev.log").open("wb") as out:
+        return subprocess.Popen(
             [_bin("dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
             cwd=ROOT, env=dict(env), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def serve_ui(process: subprocess.Popen[bytes], env: Mapping[str, str], port: int) -> None:
+    """Wait for ``start_ui``'s ``dagster dev`` to answer, say where it is, and keep it until Ctrl-C or SIGTERM
+    (``stop_ui`` then stops it)."""
+    log = STATE / "dagster_dev.log"
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_for_ui(process, url, log)
@@ -139,9 +179,17 @@ Or point your own Dagster at the demo:
         print(f"dagster dev exited with {process.returncode}; see {log}", file=sys.stderr)
     except KeyboardInterrupt:
         print("\nstopping the Dagster UI, the broker and the Spark server ...", flush=True)
+
+
+def stop_ui(process: subprocess.Popen[bytes], while_stopping: Callable[[], None]) -> None:
+    """Stop ``start_ui``'s ``dagster dev`` and its processes, running ``while_stopping`` meanwhile: what else
+    the demo stops stops beside it, as the UI takes seconds to."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)  # dagster dev stops its webserver, daemon and code servers
+    try:
+        while_stopping()
     finally:
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)  # dagster dev stops its webserver, daemon and code servers
             try:
                 process.wait(30)
             except subprocess.TimeoutExpired:
@@ -165,30 +213,45 @@ def run_demo(ui: bool, ui_port: int, broker_port: int) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: _interrupt())
     servers_before = {state["pid"] for _, state in running_servers(this_checkout=True)}
-    try:
-        with ApacheKafkaBroker(STATE / "broker", broker_port if port_free(broker_port) else free_port()) as broker:
-            published = publish_sample(broker.bootstrap_servers)
-            print(f"local broker on {broker.bootstrap_servers}; published {published}", flush=True)
-            env = demo_env(broker.bootstrap_servers)
-            # One observation of each topic, so the asset graph shows them before any sensor is turned on; before
-            # the merge, which records the versions it read: the tables show in sync with their topics.
-            if not run_job(env, "cdc_observe_topics_job"):
-                return 1
-            print("cdc_observe_topics_job succeeded")
-            if not run_job(env, "cdc_merge_job"):
-                return 1
-            print("cdc_merge_job succeeded")
-            print_tables(env)
-            if ui:
-                with _recorded(broker):
-                    serve_ui(env, ui_port)
-    except KeyboardInterrupt:
-        pass
-    finally:
+    broker = ApacheKafkaBroker(STATE / "broker", broker_port if port_free(broker_port) else free_port())
+    env = demo_env(broker.bootstrap_servers)
+    # One observation of each topic, so the asset graph shows them before any sensor is turned on; before the
+    # merge, which records the versions it read: the tables show in sync with their topics. Their process
+    # imports Dagster and starts the Spark server while the broker starts and the sample is published.
+    runs = start_runs(env, ["cdc_observe_topics_job", "cdc_merge_job"], wait=True)
+    ui_process: subprocess.Popen[bytes] | None = None
+
+    def stop_spark_and_broker() -> None:
+        # Both take seconds to stop controlled: side by side.
+        broker_stopping = threading.Thread(target=broker.stop, name="broker-stop")
+        broker_stopping.start()
         # The demo's runs started this checkout's Spark server: it goes with the rest. One that ran before stays.
         if stop_servers([(path, state) for path, state in running_servers(this_checkout=True)
                          if state["pid"] not in servers_before]):
-            print("stopped the local Spark server the demo started")
+            print("stopped the local Spark server the demo started", flush=True)
+        broker_stopping.join()
+
+    try:
+        broker.start()
+        published = publish_sample(broker.bootstrap_servers)
+        print(f"local broker on {broker.bootstrap_servers}; published {published}", flush=True)
+        go(runs)
+        if ui:  # dagster dev loads while the runs merge
+            ui_process = start_ui(env, ui_port)
+        if not finish_runs(runs):
+            return 1
+        print_tables(env)
+        if ui_process is not None:
+            with _recorded(broker):
+                serve_ui(ui_process, env, ui_port)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_runs(runs)
+        if ui_process is not None:
+            stop_ui(ui_process, while_stopping=stop_spark_and_broker)
+        else:
+            stop_spark_and_broker()
         if servers_before:
             print(f"{len(servers_before)} local Spark server(s) of this checkout that ran before the demo keep "
                   "running until idle; to stop them: python -m cdc_assets.io.spark_server stop")
@@ -224,9 +287,8 @@ def make_changes(merge: bool) -> int:
         print('now "Materialize all" in the UI (or: scripts/demo --changes --merge next time)')
         return 0
     env = demo_env(running["bootstrap_servers"])
-    if not run_job(env, "cdc_merge_job"):
+    if not finish_runs(start_runs(env, ["cdc_merge_job"])):
         return 1
-    print("cdc_merge_job succeeded")
     print_tables(env)
     return 0
 
