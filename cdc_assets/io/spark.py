@@ -18,8 +18,8 @@ import pyspark
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.connect.session import SparkSession as ConnectSession
 
+from cdc_assets.core.arrow import is_spark_connect
 from cdc_assets.core.layout import schema_prefix
 from cdc_assets.io.spark_server import small_batch_session
 from cdc_assets.io.storage import StorageConfigError, spark_settings, store_of
@@ -181,14 +181,14 @@ def has_delta(spark: SparkSession) -> bool:
 def is_local(spark: SparkSession) -> bool:
     """Whether the session's JVM runs on this machine, sharing its file system: a ``local[...]``
     master, or a Spark Connect server on the loopback interface (the local Spark server)."""
-    if isinstance(spark, ConnectSession):
+    if is_spark_connect(spark, "pyspark.sql.connect.session", "SparkSession"):
         return spark.client.host in LOOPBACK
     return (spark.sparkContext.master or "").startswith("local")
 
 
 def _cores(spark: SparkSession) -> int:
     """The local session's cores (a local Spark server runs on this machine's cores)."""
-    if isinstance(spark, ConnectSession):
+    if is_spark_connect(spark, "pyspark.sql.connect.session", "SparkSession"):
         return os.cpu_count() or 2
     return spark.sparkContext.defaultParallelism
 

@@ -187,30 +187,26 @@ def test_the_examples_topics_are_the_demos(project, tmp_path, broker):
     assert topics <= set(on_broker)
 
 
-def test_dg_launch_materializes_the_examples_assets_from_the_demos_topics(project, tmp_path, broker, monkeypatch):
+def test_dg_launch_materializes_the_examples_assets_from_the_demos_topics(project, tmp_path, broker, spark):
     """`dg launch` on the demo's sample: with the component's state frozen first (`dg utils refresh-defs-state`;
     under the default state management `dg launch`, which runs no code server, finds none), the example's tables
-    are merged into Delta tables of its own."""
+    are merged into Delta tables of its own. The run takes the session's local Spark server (the example sets no
+    Spark settings: the embedded default's), as runs on one machine share it; a server of its own started cold
+    cost the test 20-30 s and a JVM's start."""
     from deltalake import DeltaTable
 
     from cdc_assets.demo.sample import publish_sample
-    from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, running_servers, stop_servers
 
     publish_sample(broker.bootstrap_servers)
     defs_yaml = project / DEFS_YAML
     defs_yaml.write_text(defs_yaml.read_text().replace(
         "  translation:", "  defs_state: {management_type: LOCAL_FILESYSTEM}\n  translation:"))
     (tmp_path / "home").mkdir()
-    env = {"DAGSTER_HOME": str(tmp_path / "home"), SERVER_DIR_ENV_VAR: str(tmp_path / "spark")}
-    monkeypatch.setenv(SERVER_DIR_ENV_VAR, str(tmp_path / "spark"))
-    try:
-        for command in (["utils", "refresh-defs-state"], ["launch", "--assets", "*"]):
-            # A cold local Spark server and the merge of two tables: minutes on a loaded machine.
-            run = dg(project, *command, delta_root=tmp_path / "delta", bootstrap=broker.bootstrap_servers,
-                     timeout=1200, **env)
-            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    finally:
-        stop_servers(running_servers())
+    for command in (["utils", "refresh-defs-state"], ["launch", "--assets", "*"]):
+        # The merge of two tables: minutes on a loaded machine.
+        run = dg(project, *command, delta_root=tmp_path / "delta", bootstrap=broker.bootstrap_servers,
+                 timeout=1200, DAGSTER_HOME=str(tmp_path / "home"))
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "RUN_SUCCESS" in run.stdout + run.stderr
     products = DeltaTable(str(tmp_path / "delta" / "dbserver1" / "inventory" / "products")).to_pyarrow_table()
     assert products.num_rows == 10 and "scooter" in products.column("name").to_pylist()
