@@ -93,14 +93,16 @@ class SparkResource(ConfigurableResource):
     def start_local_server(self) -> None:
         """Start the shared local Spark server of this resource's sessions, if runs use one and none runs: the
         start the first run would otherwise wait for (the demo has it made while its broker starts)."""
+        self._local_server(self.spark_config)
+
+    def _local_server(self, settings: dict[str, str]) -> str | None:
+        """The URL of the local Spark server for ``settings``, started if none runs; None where runs use none."""
         spark = self.as_config()
-        if spark.uses_local_server:
-            ensure_local_server(self.spark_config, spark.local_server_idle_timeout_s)
+        return ensure_local_server(settings, spark.local_server_idle_timeout_s) if spark.uses_local_server else None
 
     def _new_session(self, settings: dict[str, str]) -> SparkSession:
-        spark = self.as_config()
-        return (connect(ensure_local_server(settings, spark.local_server_idle_timeout_s))
-                if spark.uses_local_server else new_session(settings))
+        url = self._local_server(settings)
+        return connect(url) if url is not None else new_session(settings)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         if self.as_config().uses_local_server:
