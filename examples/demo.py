@@ -26,7 +26,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from deltalake import DeltaTable
@@ -76,10 +76,14 @@ def start_runs(env: Mapping[str, str], jobs: list[str], wait: bool = False) -> s
 
 
 def go(runs: subprocess.Popen[str]) -> None:
-    """Let the runs of ``start_runs(..., wait=True)`` begin."""
-    assert runs.stdin is not None
-    runs.stdin.write("go\n")
-    runs.stdin.close()
+    """Let the runs of ``start_runs(..., wait=True)`` begin, once their process has created the instance's storage
+    (``ready``): only then may another process, ``dagster dev``, open it. A process that ended before says why in
+    ``finish_runs``."""
+    assert runs.stdin is not None and runs.stdout is not None
+    with suppress(BrokenPipeError):  # it ended meanwhile
+        if runs.stdout.readline() == "ready\n":
+            runs.stdin.write("go\n")
+        runs.stdin.close()
 
 
 def finish_runs(runs: subprocess.Popen[str]) -> bool:

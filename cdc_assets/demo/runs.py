@@ -6,7 +6,9 @@ Runs each job of the code location (``cdc_assets.definitions``, as ``dagster job
 order on the instance of ``$DAGSTER_HOME``, printing ``<job> succeeded`` or ``<job> failed`` on stdout, Dagster's
 logs on stderr; stops at the first failure. One process for all of them imports Dagster and the pipeline once.
 ``--wait``: it imports them, and starts the local Spark server the runs will use (the embedded default), at once,
-then waits for a line on stdin before the first run, so the demo starts it beside its broker.
+opens the instance (creating its storage) and prints ``ready``, then waits for a line on stdin before the first
+run, so the demo starts it beside its broker, and starts ``dagster dev`` only once the instance's storage exists:
+two processes creating one SQLite storage at once fail ("table alembic_version already exists").
 """
 
 from __future__ import annotations
@@ -34,15 +36,14 @@ def start_spark_server() -> threading.Thread:
     return thread
 
 
-def run_jobs(jobs: list[str]) -> bool:
+def run_jobs(instance: DagsterInstance, jobs: list[str]) -> bool:
     """Each of ``jobs`` in order, as ``dagster job execute -m cdc_assets.definitions -j JOB`` runs it."""
     repository = ReconstructableRepository.for_module(CODE_LOCATION, "defs")
-    with DagsterInstance.get() as instance:
-        for job in jobs:
-            with execute_job(repository.get_reconstructable_job(job), instance, raise_on_error=False) as result:
-                print(f"{job} {'succeeded' if result.success else 'failed'}", flush=True)
-                if not result.success:
-                    return False
+    for job in jobs:
+        with execute_job(repository.get_reconstructable_job(job), instance, raise_on_error=False) as result:
+            print(f"{job} {'succeeded' if result.success else 'failed'}", flush=True)
+            if not result.success:
+                return False
     return True
 
 
@@ -52,13 +53,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="start the local Spark server, then wait for a line on stdin before the first run")
     parser.add_argument("jobs", nargs="+")
     args = parser.parse_args(argv)
-    if args.wait:
-        server = start_spark_server()
-        go = sys.stdin.readline()
-        if not go:  # the demo gave up before its sample was published: no runs, the server started is its to stop
-            server.join()
-            return 1
-    return 0 if run_jobs(args.jobs) else 1
+    server = start_spark_server() if args.wait else None
+    with DagsterInstance.get() as instance:
+        if server is not None:
+            print("ready", flush=True)
+            if not sys.stdin.readline():  # the demo gave up before its sample was published: no runs, and the
+                server.join()             # server started is its to stop
+                return 1
+        return 0 if run_jobs(instance, args.jobs) else 1
 
 
 if __name__ == "__main__":
