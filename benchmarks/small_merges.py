@@ -1,7 +1,8 @@
 """Server CPU and wall time of small delta-spark MERGEs on the local Spark server, with the embedded
-defaults against two references in the same run: the same MERGEs with Delta's own snapshot partitions (50),
-and in the run's session instead of its small-batch session (``SMALL_BATCH_SETTINGS``), where the writer
-MERGEs a batch of fewer than ``SMALL_BATCH_RECORDS`` rows.
+defaults and the writer's MERGE settings against three references in the same run: the same MERGEs with Delta's
+own snapshot partitions (50), with Delta's copy of the source first (``MERGE_SOURCE_SETTINGS`` left out), and in
+the run's session instead of its small-batch session (``SMALL_BATCH_SETTINGS``), where the writer MERGEs a batch
+of fewer than ``SMALL_BATCH_RECORDS`` rows.
 
     python -m benchmarks.small_merges --rounds 3
 
@@ -19,6 +20,7 @@ import time
 import pyarrow as pa
 
 from benchmarks.measure import process_cpu
+from cdc_assets.io.delta.spark import MERGE_SOURCE_SETTINGS
 from cdc_assets.io.spark import spark_config
 from cdc_assets.io.spark_server import (
     connect,
@@ -43,9 +45,11 @@ def main() -> None:
     servers = [state["pid"] for _, state in running_servers() if url.endswith(f":{state['port']}")]
     root = tempfile.mkdtemp(prefix="cdc-small-merges-")
     small = small_batch_session(spark) or spark
-    # name -> (session, snapshot partitions: None for Delta's own)
-    variants = {"defaults": (small, settings[SNAPSHOT_PARTITIONS]), "reference": (small, None),
-                "run's session": (spark, settings[SNAPSHOT_PARTITIONS])}
+    # name -> (session, its settings for the MERGE: an empty value unsets one, Delta's own default then)
+    defaults = {SNAPSHOT_PARTITIONS: settings[SNAPSHOT_PARTITIONS], **MERGE_SOURCE_SETTINGS}
+    variants = {"defaults": (small, defaults), "reference": (small, {**defaults, SNAPSHOT_PARTITIONS: ""}),
+                "source copied": (small, {**defaults, **dict.fromkeys(MERGE_SOURCE_SETTINGS, "")}),
+                "run's session": (spark, defaults)}
     totals = {name: [0.0, 0.0] for name in variants}
     try:
         for name in variants:
@@ -53,17 +57,20 @@ def main() -> None:
         for round_ in range(-1, args.rounds):  # round -1 warms the JVM up for all, uncounted
             turn = (round_ + 1) % len(variants)  # each variant first in turn: no order favours one
             for name in [*variants][turn:] + [*variants][:turn]:
-                session, partitions = variants[name]
-                if partitions is None:
-                    session.conf.unset(SNAPSHOT_PARTITIONS)
-                else:
-                    session.conf.set(SNAPSHOT_PARTITIONS, partitions)
+                session, merge_settings = variants[name]
+                for key, value in merge_settings.items():
+                    if value:
+                        session.conf.set(key, value)
+                    else:
+                        session.conf.unset(key)
                 cpu, wall = sum(map(process_cpu, servers)), time.perf_counter()
                 for i in range((round_ + 1) * args.merges, (round_ + 2) * args.merges):
                     session.createDataFrame(pa.table({"id": [3 * i, 3 * i + 1, 10**6 + i % 7], "v": ["a", "b", "c"]})
                                             ).createOrReplaceTempView("batch")
                     session.sql(f"MERGE INTO delta.`{root}/{_slug(name)}` t USING batch s ON t.id = s.id "
                                 "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *").first()
+                for key in merge_settings:  # as the session was: the writer sets the MERGE's settings per MERGE
+                    session.conf.unset(key)
                 session.conf.set(SNAPSHOT_PARTITIONS, settings[SNAPSHOT_PARTITIONS])
                 if round_ >= 0:
                     totals[name][0] += sum(map(process_cpu, servers)) - cpu
@@ -74,7 +81,7 @@ def main() -> None:
     for name, (cpu, wall) in totals.items():
         print(f"{name:13} server CPU {cpu / merges:.2f} s a MERGE, wall {wall / merges:.2f} s")
     cpu, wall = totals["defaults"]
-    for name in ("reference", "run's session"):
+    for name in ("reference", "source copied", "run's session"):
         ref_cpu, ref_wall = totals[name]
         print(f"defaults / {name}: server CPU {cpu / ref_cpu:.2f}x, wall {wall / ref_wall:.2f}x")
 
