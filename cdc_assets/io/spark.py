@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -48,9 +47,11 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     # A 100k-record batch needs far less than Spark's 1g (figures: docs/tuning.md).
     "spark.driver.memory": "768m",
     # Batches make short-lived garbage: a large young generation collected by 2 threads, with fixed
-    # survivor spaces so that a batch in flight at a collection is not promoted (docs/tuning.md). The heap
-    # is fixed too (``_with_fixed_heap``).
-    JAVA_OPTIONS: "-XX:+UseParallelGC -XX:ParallelGCThreads=2 -Xmn200m -XX:-UseAdaptiveSizePolicy -XX:SurvivorRatio=6",
+    # survivor spaces so that a batch in flight at a collection is not promoted. A heap that starts at 512 MB:
+    # with the sizes fixed the collector did not grow it, and the JVM's own start, 1/64 of the machine's
+    # memory, left too small an old generation (docs/tuning.md).
+    JAVA_OPTIONS: ("-XX:+UseParallelGC -XX:ParallelGCThreads=2 -Xms512m -Xmn200m -XX:-UseAdaptiveSizePolicy "
+                   "-XX:SurvivorRatio=6"),
     # The UI is off, yet Spark's status store keeps the last 1,000 SQL executions (plans included),
     # which fills the long-lived local server's old generation (docs/tuning.md).
     "spark.sql.ui.retainedExecutions": "10",
@@ -97,20 +98,7 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
         options = settings.get(JAVA_OPTIONS, "")
         # -Xshare:auto: a JVM that no longer matches the archive ignores it (and says nothing: cds=off).
         settings[JAVA_OPTIONS] = f"{options} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds=off".strip()
-    return settings if remote else _with_fixed_heap(settings)
-
-
-def _with_fixed_heap(settings: Mapping[str, str]) -> dict[str, str]:
-    """``settings`` with the driver JVM's initial heap equal to ``spark.driver.memory`` (its maximum), unless its
-    Java options set one. With the adaptive size policy off, the parallel collector never grows the heap past
-    its initial size, which the JVM takes as 1/64 of the machine's memory: on 24 GB that left the old
-    generation 178 MB, and nearly every young collection of a busy server became a full one (docs/tuning.md)."""
-    out = dict(settings)
-    memory = re.sub(r"([kmgt])b$", r"\1", out.get("spark.driver.memory", "").strip().lower())  # Spark's 1gb: 1g
-    options = out.get(JAVA_OPTIONS, "")
-    if re.fullmatch(r"\d+[kmgt]?", memory) and not re.search(r"(^|\s)-Xms", options):
-        out[JAVA_OPTIONS] = f"{options} -Xms{memory}".strip()
-    return out
+    return settings
 
 
 def new_session(settings: Mapping[str, str]) -> SparkSession:

@@ -170,20 +170,6 @@ def test_class_archive_is_mapped_by_local_jvms_only(tmp_path, monkeypatch):
     assert not maps_archive(spark_config())  # the local Spark server's: it does not map it
 
 
-def test_a_local_driver_starts_with_its_whole_heap():
-    def initial_heap(settings):
-        return [option for option in settings.get("spark.driver.extraJavaOptions", "").split()
-                if option.startswith("-Xms")]
-
-    assert initial_heap(spark_config()) == ["-Xms768m"]
-    assert initial_heap(spark_config("spark://cluster:7077", conf={"spark.driver.memory": "2G"})) == ["-Xms2g"]
-    own = spark_config(conf={"spark.driver.extraJavaOptions": "-Xms1g -Dmine=1"})
-    assert initial_heap(own) == ["-Xms1g"]
-    assert initial_heap(spark_config(conf={"spark.driver.memory": "1gb"})) == ["-Xms1g"]
-    assert initial_heap(spark_config(conf={"spark.driver.memory": "1.5g"})) == []  # the JVM takes no fraction
-    assert initial_heap(spark_config(remote="sc://spark:15002")) == []
-
-
 # A local JVM session (a process is a Spark Connect client or runs Spark itself: not this one) runs
 # more queries than the status store may keep and reports how many it keeps.
 _RETAINED_PROBE = """
