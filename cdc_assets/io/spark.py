@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -47,11 +48,9 @@ EMBEDDED_DEFAULTS: dict[str, str] = {
     # A 100k-record batch needs far less than Spark's 1g (figures: docs/tuning.md).
     "spark.driver.memory": "768m",
     # Batches make short-lived garbage: a large young generation collected by 2 threads, with fixed
-    # survivor spaces so that a batch in flight at a collection is not promoted. A heap that starts at 512 MB:
-    # with the sizes fixed the collector did not grow it, and the JVM's own start, 1/64 of the machine's
-    # memory, left too small an old generation (docs/tuning.md).
-    JAVA_OPTIONS: ("-XX:+UseParallelGC -XX:ParallelGCThreads=2 -Xms512m -Xmn200m -XX:-UseAdaptiveSizePolicy "
-                   "-XX:SurvivorRatio=6"),
+    # survivor spaces so that a batch in flight at a collection is not promoted (docs/tuning.md). The heap's
+    # start is set too (``_with_heap_start``).
+    JAVA_OPTIONS: "-XX:+UseParallelGC -XX:ParallelGCThreads=2 -Xmn200m -XX:-UseAdaptiveSizePolicy -XX:SurvivorRatio=6",
     # The UI is off, yet Spark's status store keeps the last 1,000 SQL executions (plans included),
     # which fills the long-lived local server's old generation (docs/tuning.md).
     "spark.sql.ui.retainedExecutions": "10",
@@ -98,7 +97,27 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
         options = settings.get(JAVA_OPTIONS, "")
         # -Xshare:auto: a JVM that no longer matches the archive ignores it (and says nothing: cds=off).
         settings[JAVA_OPTIONS] = f"{options} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds=off".strip()
-    return settings
+    return settings if remote else _with_heap_start(settings)
+
+
+HEAP_START_MB = 512
+_MEMORY_UNITS_MB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
+
+
+def _with_heap_start(settings: Mapping[str, str]) -> dict[str, str]:
+    """``settings`` with the driver JVM's heap starting at ``HEAP_START_MB``, or at ``spark.driver.memory`` when
+    that is less (a start above the maximum stops the JVM), unless its Java options set a start. With the sizes
+    of the generations fixed the collector did not grow the heap, and the JVM's own start, 1/64 of the machine's
+    memory, left too small an old generation (docs/tuning.md)."""
+    out = dict(settings)
+    options = out.get(JAVA_OPTIONS, "")
+    size = re.fullmatch(r"(\d+)([kmgt])?b?", out.get("spark.driver.memory", "768m").strip().lower())
+    if size is None or re.search(r"(^|\s)-Xms", options):
+        return out
+    start = min(HEAP_START_MB, int(int(size[1]) * _MEMORY_UNITS_MB[size[2] or "m"]))
+    if start >= 1:
+        out[JAVA_OPTIONS] = f"{options} -Xms{start}m".strip()
+    return out
 
 
 def new_session(settings: Mapping[str, str]) -> SparkSession:

@@ -170,6 +170,23 @@ def test_class_archive_is_mapped_by_local_jvms_only(tmp_path, monkeypatch):
     assert not maps_archive(spark_config())  # the local Spark server's: it does not map it
 
 
+def test_a_local_driver_heap_starts_at_512_mb_or_at_its_maximum_if_less():
+    def heap_start(settings):
+        return [option for option in settings.get("spark.driver.extraJavaOptions", "").split()
+                if option.startswith("-Xms")]
+
+    assert heap_start(spark_config()) == ["-Xms512m"]
+    assert heap_start(spark_config("spark://cluster:7077", conf={"spark.driver.memory": "4g"})) == ["-Xms512m"]
+    small = spark_config(conf={"spark.driver.memory": "256mb"})
+    assert heap_start(small) == ["-Xms256m"]
+    assert heap_start(spark_config(conf={"spark.driver.extraJavaOptions": "-Xms1g -Dmine=1"})) == ["-Xms1g"]
+    assert heap_start(spark_config(remote="sc://spark:15002")) == []
+    # The JVM starts with the options a small driver gets (a start above its maximum would stop it).
+    java = subprocess.run(["java", "-Xmx256m", *small["spark.driver.extraJavaOptions"].split(), "-version"],
+                          capture_output=True, text=True)
+    assert java.returncode == 0, java.stderr
+
+
 # A local JVM session (a process is a Spark Connect client or runs Spark itself: not this one) runs
 # more queries than the status store may keep and reports how many it keeps.
 _RETAINED_PROBE = """
