@@ -87,7 +87,7 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
         jars = delta_jars()
         if jars:
             store_jars = object_store_jars(delta_root) if spark_writes_delta(writer, master, remote) else ""
-            settings["spark.jars"] = ",".join(filter(None, [jars, store_jars]))
+            settings.update(jar_settings(master, ",".join(filter(None, [jars, store_jars]))))
             settings["spark.sql.extensions"] = DELTA_EXTENSION
             settings["spark.sql.catalog.spark_catalog"] = DELTA_CATALOG
     settings.update(spark_settings(delta_root, storage_options or {}, session_level=bool(remote)))
@@ -128,6 +128,18 @@ def new_session(settings: Mapping[str, str]) -> SparkSession:
         return SparkSession.builder.remote(remote).config(
             map={k: v for k, v in settings.items() if k != "spark.remote"}).create()
     return SparkSession.builder.config(map=dict(settings)).getOrCreate()
+
+
+def jar_settings(master: str, jars: str) -> dict[str, str]:
+    """The settings that give a session of ``master`` the comma-separated ``jars``. A local master's executors run
+    in the driver's JVM, so the jars go on its classpath (``spark.driver.extraClassPath``): Spark copies each jar
+    of ``spark.jars`` into the JVM's temporary directory, 672 MB with the AWS SDK bundle, and a killed JVM leaves
+    the copy behind (CI's disk filled up on them). A cluster's executors get them through ``spark.jars``."""
+    if not jars:
+        return {}
+    if master.split("[", 1)[0] == "local":  # not local-cluster[...], whose executors are JVMs of their own
+        return {"spark.driver.extraClassPath": os.pathsep.join(jars.split(","))}
+    return {"spark.jars": jars}
 
 
 def delta_jars() -> str:

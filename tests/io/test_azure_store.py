@@ -87,7 +87,8 @@ def test_spark_gets_an_emulators_endpoint_and_azures_own_hosts_as_they_are(azuri
                          "org.apache.hadoop.fs.azurebfs.sas.FixedSASTokenProvider",
                      "spark.hadoop.fs.azure.sas.fixed.token.acct.dfs.core.windows.net": "${env.AZ_SAS}"}
     on_adls = spark_config(delta_root=azurite.root("c", "cdc"), storage_options=options)
-    assert "hadoop-azure-" in on_adls["spark.jars"] and "hadoop-aws" not in on_adls["spark.jars"]
+    classpath = on_adls["spark.driver.extraClassPath"]
+    assert "hadoop-azure-" in classpath and "hadoop-aws" not in classpath
 
 
 def load(delta: str) -> None:

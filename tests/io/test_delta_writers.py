@@ -136,7 +136,7 @@ def test_delta_spark_without_delta_in_the_session_is_a_clear_error(monkeypatch):
 
     monkeypatch.setenv(DELTA_JARS_ENV_VAR, "")  # set and empty: no Delta jars
     settings = spark_config()
-    assert "spark.jars" not in settings
+    assert "spark.jars" not in settings and "spark.driver.extraClassPath" not in settings
     session = connect(ensure_local_server(settings, idle_timeout_s=30))
     try:
         with pytest.raises(DeltaWriterError, match="needs a Spark session with Delta"):

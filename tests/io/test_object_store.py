@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from dagster import DagsterInstance
 from deltalake import DeltaTable
@@ -21,8 +22,8 @@ from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget, Me
 from cdc_assets.io.delta.table import open_table
 from cdc_assets.io.registry import read_history, record_change
 from cdc_assets.io.signals import SnapshotSignal, audit_signal
-from cdc_assets.io.spark import spark_config
-from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server
+from cdc_assets.io.spark import extra_jars_dir, spark_config
+from cdc_assets.io.spark_server import connect, disconnect, ensure_local_server, running_servers
 from cdc_assets.io.storage import StorageConfigError, delta_rs_options, spark_path, spark_settings
 from cdc_assets.io.transactions import TransactionLog, ingest_transactions
 from tests.support.delta import SCD1, batch, commit, table_rows, writer_named, writer_run
@@ -83,6 +84,19 @@ def test_both_writers_read_each_others_tables_on_s3(s3_spark, object_store, buck
     assert spark_writer.read_progress(target, "cdc_assets:t").offsets == {0: 2}
     assert table_rows(s3_spark, rs, target) == table_rows(s3_spark, spark_writer, target) == [
         (1, "a", "c", "01", None), (2, "b", "c", "02", None)]
+    # The server's JVM read the S3 connector where set-up put it: no copy in its temporary directory (672 MB with
+    # the AWS SDK bundle), which a killed JVM leaves behind (``jar_settings``).
+    jars = [f.path for f in _s3_server_jvm(object_store).open_files() if f.path.endswith(".jar")]
+    assert any(Path(jar).parent == extra_jars_dir("s3") and "bundle-" in jar for jar in jars), jars
+    assert not any("/userFiles-" in jar for jar in jars), jars
+
+
+def _s3_server_jvm(store: ObjectStore) -> psutil.Process:
+    """The JVM of the local Spark server for ``store`` (``s3_spark``'s): the child of its supervisor."""
+    (state,) = [state for _, state in running_servers()
+                if state["settings"].get("spark.hadoop.fs.s3a.endpoint") == store.endpoint]
+    (jvm,) = psutil.Process(state["pid"]).children()
+    return jvm
 
 
 def test_a_delta_rs_commit_prepared_before_another_reached_the_table_is_refused(object_store, bucket):
@@ -257,8 +271,11 @@ def test_only_sessions_for_an_s3_root_get_the_s3_connector_and_its_settings(obje
     options = object_store.storage_options()
     local_disk, on_s3 = spark_config(delta_root="/tmp/lake"), spark_config(delta_root="s3://b/cdc",
                                                                            storage_options=options)
-    assert "hadoop-aws" not in local_disk["spark.jars"] and not any("s3a" in key for key in local_disk)
-    assert "hadoop-aws-" in on_s3["spark.jars"] and "bundle-" in on_s3["spark.jars"]
+    classpath = "spark.driver.extraClassPath"  # a local JVM runs the executors: no copies (``jar_settings``)
+    assert "hadoop-aws" not in local_disk[classpath] and not any("s3a" in key for key in local_disk)
+    assert "hadoop-aws-" in on_s3[classpath] and "bundle-" in on_s3[classpath] and "spark.jars" not in on_s3
+    on_cluster = spark_config(master="spark://h:7077", delta_root="s3://b/cdc", storage_options=options)
+    assert "hadoop-aws-" in on_cluster["spark.jars"] and classpath not in on_cluster  # shipped to its executors
     assert on_s3["spark.hadoop.fs.s3a.endpoint"] == object_store.endpoint
     assert on_s3["spark.hadoop.fs.s3a.access.key"] == "${env." + ACCESS_KEY_ENV + "}"
     assert object_store.secret_key not in json.dumps(on_s3)  # names only, never a secret

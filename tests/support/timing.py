@@ -1,5 +1,5 @@
 """Where the suite's time goes, printed after the run: worker time per folder, per module and per xdist worker,
-and how busy the machine's cores were.
+how busy the machine's cores were, and the disk's free space.
 
 CI's limit is the wall time of the busier worker, so the summary shows each worker's total beside the
 modules' (each test's set-up, call and tear-down, as pytest reports them to the controller). The cores' use
@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -35,6 +37,7 @@ class SuiteTiming:
         self.by_worker: dict[str, float] = defaultdict(float)
         self.tests_by_module: dict[str, set[str]] = defaultdict(set)
         self.started = (time.monotonic(), _cpu_ticks())
+        self.disk = DiskWatch()
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -66,6 +69,7 @@ class SuiteTiming:
             write(f"cores busy: {share:.0%} of {os.cpu_count()} over {time.monotonic() - wall_started:.0f} s")
         for folder, seconds in sorted(by_folder.items(), key=lambda item: -item[1]):
             write(f"{folder:40s} {tests_by_folder[folder]:4d} tests {seconds:8.1f} s")
+        write(self.disk.summary())
         spark = _spark_servers_cpu()
         if spark is not None:
             servers, cpu, jit = spark
@@ -83,6 +87,35 @@ class SuiteTiming:
         for module, seconds in sorted(self.by_module.items(), key=lambda item: -item[1])[:20]:
             write(f"  {module:60s} {len(self.tests_by_module[module]):3d} tests {seconds:8.1f} s "
                   f"{spark_by_module.get(module, 0.0):8.1f} Spark CPU s")
+
+
+class DiskWatch:
+    """The free space of the temporary directory's file system, sampled through the run: where the servers' data,
+    the Delta tables and the JVMs' temporary files go. A run on CI once failed when that disk filled up."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.started = time.monotonic()
+        self.first = self.lowest = self._free()
+        self.lowest_at = 0.0
+        threading.Thread(target=self._watch, args=(every_s,), name="disk-watch", daemon=True).start()
+
+    @staticmethod
+    def _free() -> int:
+        return shutil.disk_usage(tempfile.gettempdir()).free
+
+    def _watch(self, every_s: float) -> None:
+        while True:
+            time.sleep(every_s)
+            free = self._free()
+            if free < self.lowest:
+                self.lowest, self.lowest_at = free, time.monotonic() - self.started
+
+    def summary(self) -> str:
+        """One line: the free space at the start, at its lowest (and when) and at the end."""
+        gb = 1024 ** 3
+        return (f"disk ({tempfile.gettempdir()}): {self.first / gb:.1f} GB free at the start, "
+                f"{self.lowest / gb:.1f} GB at the lowest (after {self.lowest_at:.0f} s), "
+                f"{self._free() / gb:.1f} GB at the end")
 
 
 def _cpu_ticks() -> tuple[int, int]:
