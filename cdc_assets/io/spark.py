@@ -134,7 +134,7 @@ def jar_settings(master: str, jars: str) -> dict[str, str]:
     """The settings that give a session of ``master`` the comma-separated ``jars``. A local master's executors run
     in the driver's JVM, so the jars go on its classpath (``spark.driver.extraClassPath``): Spark copies each jar
     of ``spark.jars`` into the JVM's temporary directory, 672 MB with the AWS SDK bundle, and a killed JVM leaves
-    the copy behind (CI's disk filled up on them). A cluster's executors get them through ``spark.jars``."""
+    the copy behind. A cluster's executors get them through ``spark.jars``."""
     if not jars:
         return {}
     if master.split("[", 1)[0] == "local":  # not local-cluster[...], whose executors are JVMs of their own
