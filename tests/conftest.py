@@ -65,10 +65,16 @@ SLOW_MODULES_FIRST = (
 
 # The JVMs the suite starts (Kafka, Kafka Connect, Debezium, Apicurio, Spark clusters and the Spark servers of other
 # settings) compile with C1 only: their work is too short to repay C2. On two modules (2026-11-30) the Spark servers
-# spent 263 CPU s against 314, their JIT compilers 19 s against 136. The session's main Spark server keeps the JVM's
-# default (the ``spark`` fixture): the merge tests keep it busy for the whole run, and with C1 only they took 16 %
-# longer. Production keeps the JVM's default everywhere.
+# spent 263 CPU s against 314, their JIT compilers 19 s against 136. Production keeps the JVM's default everywhere.
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+# The session's main Spark server (the ``spark`` fixture) keeps C2, which the merge tests, busy on it for the whole
+# run, need (with C1 only they took 16 % longer), but compiles a method with C2 only after four times the JVM's
+# default count of calls and loops: the tests' many small queries of different shapes kept C2 compiling half of the
+# server's CPU. On merge/test_semantics.py alone (2026-12-01) the server used 312 CPU s against 390 and 396 with
+# the default, its compilers 109 s against 195 (ten times the count: 353 s).
+MAIN_SERVER_JVM_OPTIONS = ("-XX:Tier4InvocationThreshold=20000 -XX:Tier4MinInvocationThreshold=2400 "
+                           "-XX:Tier4CompileThreshold=60000 -XX:Tier4BackEdgeThreshold=160000")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -159,9 +165,9 @@ def local_spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """A session on the local Spark server of the embedded default's settings: the session's main server, started
-    with the JVM's default compilers (``TEST_JVM_OPTIONS``)."""
+    with C2 (``MAIN_SERVER_JVM_OPTIONS``, not ``TEST_JVM_OPTIONS``)."""
     options = os.environ.get("JDK_JAVA_OPTIONS", "")
-    os.environ["JDK_JAVA_OPTIONS"] = options.replace(TEST_JVM_OPTIONS, "").strip()
+    os.environ["JDK_JAVA_OPTIONS"] = f"{options.replace(TEST_JVM_OPTIONS, '')} {MAIN_SERVER_JVM_OPTIONS}".strip()
     try:
         url = ensure_local_server(spark_config())
     finally:
