@@ -18,6 +18,7 @@ from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaWriter
 from cdc_assets.io.spark import DELTA_JARS_ENV_VAR, delta_jars_dir, has_delta, spark_config, spark_records
 from cdc_assets.io.spark_server import SERVER_DIR_ENV_VAR, connect, disconnect, ensure_local_server, stop_all
 from tests.support import timing
+from tests.support.jvm import TEST_JVM_OPTIONS, compiling_with_c2
 
 # The private servers' modules import packages that only scripts/setup-tests installs (boto3) or clients the fast
 # tier never needs (psycopg, pymysql): each fixture imports its own, so that tests/fast runs after scripts/setup alone.
@@ -61,20 +62,6 @@ SLOW_MODULES_FIRST = (
     "definitions/test_definitions.py",
     "conformance/test_exactly_once_connect.py",
 )
-
-
-# The JVMs the suite starts (Kafka, Kafka Connect, Debezium, Apicurio, Spark clusters and the Spark servers of other
-# settings) compile with C1 only: their work is too short to repay C2. On two modules (2026-11-30) the Spark servers
-# spent 263 CPU s against 314, their JIT compilers 19 s against 136. Production keeps the JVM's default everywhere.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
-
-# The session's main Spark server (the ``spark`` fixture) keeps C2, which the merge tests, busy on it for the whole
-# run, need (with C1 only they took 16 % longer), but compiles a method with C2 only after four times the JVM's
-# default count of calls and loops: the tests' many small queries of different shapes kept C2 compiling half of the
-# server's CPU. On merge/test_semantics.py alone (2026-12-01) the server used 312 CPU s against 390 and 396 with
-# the default, its compilers 109 s against 195 (ten times the count: 353 s).
-MAIN_SERVER_JVM_OPTIONS = ("-XX:Tier4InvocationThreshold=20000 -XX:Tier4MinInvocationThreshold=2400 "
-                           "-XX:Tier4CompileThreshold=60000 -XX:Tier4BackEdgeThreshold=160000")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -165,13 +152,9 @@ def local_spark_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """A session on the local Spark server of the embedded default's settings: the session's main server, started
-    with C2 (``MAIN_SERVER_JVM_OPTIONS``, not ``TEST_JVM_OPTIONS``)."""
-    options = os.environ.get("JDK_JAVA_OPTIONS", "")
-    os.environ["JDK_JAVA_OPTIONS"] = f"{options.replace(TEST_JVM_OPTIONS, '')} {MAIN_SERVER_JVM_OPTIONS}".strip()
-    try:
+    with C2 (``jvm.compiling_with_c2``)."""
+    with compiling_with_c2():
         url = ensure_local_server(spark_config())
-    finally:
-        os.environ["JDK_JAVA_OPTIONS"] = options
     session = connect(url)
     yield session
     disconnect(session)

@@ -93,7 +93,7 @@ def spark_config(master: str = "local[*]", remote: str | None = None,
     settings.update(spark_settings(delta_root, storage_options or {}, session_level=bool(remote)))
     settings.update(conf or {})
     archive = class_archive_path()
-    if not remote and use_class_archive and master.startswith("local") and archive.exists():
+    if not remote and use_class_archive and runs_on_this_machine(master) and archive.exists():
         options = settings.get(JAVA_OPTIONS, "")
         # -Xshare:auto: a JVM that no longer matches the archive ignores it (and says nothing: cds=off).
         settings[JAVA_OPTIONS] = f"{options} -XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds=off".strip()
@@ -159,7 +159,7 @@ def spark_writes_delta(writer: str, master: str = "local[*]", remote: str | None
     """Whether a session of ``master`` (or ``remote``) writes the Delta tables itself with ``writer`` (the
     config's ``delta.writer``), as ``delta.select_writer`` chooses: ``delta-spark``, or ``auto`` on a cluster
     master. A local session under ``auto`` leaves them to delta-rs, so it needs no object-store connector."""
-    return writer == "delta-spark" or (writer == "auto" and not remote and not master.startswith("local"))
+    return writer == "delta-spark" or (writer == "auto" and not remote and not runs_on_this_machine(master))
 
 
 def object_store_jars(delta_root: str) -> str:
@@ -217,7 +217,12 @@ def is_local(spark: SparkSession) -> bool:
     master, or a Spark Connect server on the loopback interface (the local Spark server)."""
     if is_spark_connect(spark, "pyspark.sql.connect.session", "SparkSession"):
         return spark.client.host in LOOPBACK
-    return (spark.sparkContext.master or "").startswith("local")
+    return runs_on_this_machine(spark.sparkContext.master or "")
+
+
+def runs_on_this_machine(master: str) -> bool:
+    """Whether a Spark ``master`` runs on this machine: ``local``, ``local[...]`` or ``local-cluster[...]``."""
+    return master.startswith("local")
 
 
 def _cores(spark: SparkSession) -> int:
