@@ -355,9 +355,13 @@ def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float, 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         deadline = time.monotonic() + start_timeout_s
-        while not _answers(port):
+        # The JVM's own listener, not an answer on the port: another process (the demo's broker, started beside
+        # it) can take the port between its choice and the JVM's bind, and clients would then reach that process.
+        while not _listens(jvm, port):
             if jvm.poll() is not None or time.monotonic() > deadline:
-                raise SparkServerError(f"the Spark Connect server did not start (exit code {jvm.poll()})")
+                taken = " (another process listens on its port)" if _answers(port) else ""
+                raise SparkServerError(f"the Spark Connect server did not start on port {port}{taken} "
+                                       f"(exit code {jvm.poll()})")
             time.sleep(0.2)
         state_path.write_text(json.dumps({"pid": os.getpid(), "port": port, "settings": dict(settings),
                                           "checkout": CHECKOUT}))
@@ -376,6 +380,14 @@ def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float, 
                 jvm.wait(60)
             except subprocess.TimeoutExpired:
                 jvm.kill()
+
+
+def _listens(jvm: subprocess.Popen, port: int) -> bool:
+    """Whether ``jvm``'s own process listens on ``port``."""
+    with contextlib.suppress(psutil.Error):
+        return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                   for c in psutil.Process(jvm.pid).net_connections(kind="tcp"))
+    return False
 
 
 def _clients(jvm: psutil.Process, port: int) -> int:

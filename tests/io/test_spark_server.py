@@ -3,6 +3,9 @@
 import contextlib
 import os
 import signal
+import socket
+import subprocess
+import sys
 import time
 
 import psutil
@@ -16,6 +19,7 @@ from cdc_assets.core.envelope import value_type
 from cdc_assets.io.spark import SMALL_BATCH_RECORDS, parsed_from_files, spark_config, spark_records
 from cdc_assets.io.spark_server import (
     SMALL_BATCH_SETTINGS,
+    _listens,
     connect,
     disconnect,
     ensure_local_server,
@@ -144,6 +148,27 @@ def test_a_run_finding_every_slot_taken_gets_a_session_of_its_own_released_at_it
     finally:
         for session in held:
             disconnect(session)
+
+
+def test_a_server_counts_as_started_only_when_its_own_process_listens_on_its_port():
+    """A port chosen free can be taken by another process before the JVM binds it (a CI run's demo merged into its
+    own broker, which took the port chosen for its Spark server): an answer on the port is not the server's."""
+    server = subprocess.Popen([sys.executable, "-c", "import socket, sys, time\n"
+                               "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+                               "print(s.getsockname()[1], flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # the port answers
+        assert _listens(server, port)
+        assert not _listens(other, port)
+    finally:
+        for process in (server, other):
+            process.kill()
+            process.wait()
 
 
 def test_status_and_stop_keep_to_this_checkouts_servers_unless_all(tmp_path, monkeypatch, capsys):

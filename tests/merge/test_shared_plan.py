@@ -6,21 +6,24 @@ change, a TRUNCATE and a poison event each in one table of the plan, and each ta
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from confluent_kafka import Consumer, TopicPartition
 from dagster import AssetKey
 from deltalake import DeltaTable
 
 from cdc_assets.assets import merge_table
-from cdc_assets.catalog import CapturedTable
+from cdc_assets.catalog import CapturedTable, TransactionRules
 from cdc_assets.config import BatchLimits
-from cdc_assets.demo.events import postgres_source
+from cdc_assets.demo.events import envelope, postgres_source
 from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget
 from cdc_assets.io.kafka import KafkaSource
+from cdc_assets.io.transactions import TransactionLog
 from cdc_assets.merge import merge_concurrently
 from tests.support.key_changes import TOAST_COLUMNS, current_values, pg_change, pk_change
 from tests.support.merges import captured_table, with_merge
 from tests.support.topics import new_topic, produce
+from tests.support.transactions import tx_event
 
 
 def truncate(lsn: int) -> tuple[None, bytes]:
@@ -142,6 +145,43 @@ def test_tables_of_one_layout_fold_in_one_plan_and_end_as_each_alone(spark, brok
     # Each table's Kafka group offsets (``merge_table``) are its own topic's end.
     for name in names:
         assert committed(broker, topics[name], group(True)) == end_offsets(broker, topics[name]), name
+
+
+def in_transaction(tx_id: str, rows: list[tuple[int, int]]) -> list[tuple[bytes, bytes]]:
+    """Creates of s.t in PostgreSQL transaction ``tx_id``, one a (key, LSN), each with its transaction block."""
+    return [(json.dumps({"id": key}).encode(),
+             envelope("c", None, {"id": key, "big": f"tx-{key}", "n": key},
+                      postgres_source(lsn, 1_700_000_000_000 + lsn, "s", "t"), 1_700_000_000_000 + lsn,
+                      {"id": f"{tx_id}:{lsn}", "total_order": order, "data_collection_order": order}))
+            for order, (key, lsn) in enumerate(rows, start=1)]
+
+
+def test_a_table_cut_to_whole_transactions_merges_alone_beside_a_shared_plan(spark, broker, writer, tmp_path):
+    """A table whose batches wait for whole transactions folds alone while the run's other tables of its layout
+    share a plan: its events of a transaction without an END wait (the event outside it is applied), and the run
+    after the END applies the transaction whole."""
+    topics = {name: new_topic(broker, f"dbserver1.s.{name}", partitions=1 if name == "tx" else 2)
+              for name in ("plain", "other", "tx")}
+    log = TransactionLog(new_topic(broker, "dbserver1.transaction"), DeltaTarget(str(tmp_path / "transactions")),
+                         "postgresql")
+    tables = tables_under(tmp_path, topics)
+    tables["tx"] = replace(tables["tx"], transactions=TransactionRules(log, DeltaTarget(str(tmp_path / "watermarks"))))
+    for name in ("plain", "other"):
+        produce(broker, topics[name], [*pg_change("c", 1, 10, f"{name}-one", 1),
+                                       *pg_change("c", 2, 11, f"{name}-two", 2)])
+    produce(broker, topics["tx"], [*pg_change("c", 1, 10, "tx-one", 1), *in_transaction("801", [(2, 12), (3, 13)])])
+    produce(broker, log.topic, [tx_event("BEGIN", "801")])
+
+    metadata = run(spark, broker, writer, tables, shared=True)
+    assert {name: shared_batches(metadata[name]) for name in tables} == {"plain": 1, "other": 1, "tx": 0}
+    for name in ("plain", "other"):
+        assert current_values(spark, writer, tables[name]) == {1: (f"{name}-one", 1), 2: (f"{name}-two", 2)}
+    assert current_values(spark, writer, tables["tx"]) == {1: ("tx-one", 1)}  # 801 has no END yet: it waits
+
+    produce(broker, log.topic, [tx_event("END", "801", {"s.t": 2})])
+    run(spark, broker, writer, tables, shared=True)
+    assert current_values(spark, writer, tables["tx"]) == {1: ("tx-one", 1), 2: ("tx-2", 2), 3: ("tx-3", 3)}
+    assert writer.read_progress(tables["tx"].target, tables["tx"].app_id).offsets == end_offsets(broker, topics["tx"])
 
 
 def end_offsets(broker, topic: str) -> dict[int, int]:
