@@ -385,16 +385,15 @@ def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float, 
 def _listens(jvm: subprocess.Popen, port: int) -> bool:
     """Whether ``jvm``'s own process listens on ``port``."""
     with contextlib.suppress(psutil.Error):
-        return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
-                   for c in psutil.Process(jvm.pid).net_connections(kind="tcp"))
+        return _connections(psutil.Process(jvm.pid), port, psutil.CONN_LISTEN) > 0
     return False
 
 
-def _clients(jvm: psutil.Process, port: int) -> int:
-    """How many client connections the server on ``port`` holds."""
+def _connections(process: psutil.Process, port: int, status: str) -> int:
+    """How many of ``process``'s TCP connections on its local ``port`` are in ``status``."""
     with contextlib.suppress(psutil.Error):
-        return sum(1 for c in jvm.net_connections(kind="tcp")
-                   if c.laddr and c.laddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+        return sum(1 for c in process.net_connections(kind="tcp")
+                   if c.laddr and c.laddr.port == port and c.status == status)
     return 0
 
 
@@ -406,7 +405,7 @@ def _wait_until_idle(jvm: subprocess.Popen, port: int, idle_timeout_s: float) ->
     while jvm.poll() is None:
         time.sleep(min(_POLL_S, idle_timeout_s))
         now = time.monotonic()
-        if _clients(process, port):
+        if _connections(process, port, psutil.CONN_ESTABLISHED):  # a client holds a session
             last_active = now
         elif now - last_active > idle_timeout_s:
             return
