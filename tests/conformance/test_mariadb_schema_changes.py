@@ -111,7 +111,7 @@ class Shop:
 
     def markers(self, topic: str) -> set[int]:
         """The ids of the marker rows inserted in ``topic``, read as the pipeline reads its records (Avro too)."""
-        source = KafkaSource(kafka_client_settings(self.config.kafka), retries=0)
+        source = KafkaSource(kafka_client_settings(self.config.kafka), backoff_s=0.5)  # a new topic elects its leader
         try:
             batch = source.read_batch(topic, None, 100_000, 64 * 1024 * 1024, 5,
                                       decode=record_decoder(schema_registry_settings(self.config.connectors[0])))
