@@ -52,6 +52,7 @@ SERVER_DIR_ENV_VAR = "CDC_SPARK_SERVER_DIR"
 CHECKOUT = str(Path(__file__).resolve().parents[2])
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 _POLL_S = 5.0
+_PORT_ATTEMPTS = 3  # starts of a server whose port another process took first
 
 
 class SparkServerError(RuntimeError):
@@ -338,48 +339,73 @@ def _die_with_parent() -> None:
 def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float, start_timeout_s: float = 180.0) -> None:
     """Supervise the server's JVM until no client has been connected for ``idle_timeout_s`` (or the
     supervisor is stopped); the JVM stops with it."""
-    port = _free_port()
-    conf = {
-        **settings,
-        "spark.connect.grpc.binding.address": "127.0.0.1",
-        "spark.connect.grpc.binding.port": str(port),
-        "spark.log.level": "ERROR",
-    }
-    command = [str(_spark_submit()), "--class", CONNECT_SERVER_CLASS]
-    for key, value in conf.items():
-        command += ["--conf", f"{key}={value}"]
-    # Two malloc arenas instead of up to 8 per core: the JVM runs ~250 threads, most of them Spark's
-    # idle pools. Measured together with the survivor sizing of ``spark.EMBEDDED_DEFAULTS``.
-    jvm = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-                           env={**os.environ, "MALLOC_ARENA_MAX": "2"})
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    jvm: subprocess.Popen | None = None
     try:
-        deadline = time.monotonic() + start_timeout_s
-        # The JVM's own listener, not an answer on the port: another process (the demo's broker, started beside
-        # it) can take the port between its choice and the JVM's bind, and clients would then reach that process.
-        while not _listens(jvm, port):
-            if jvm.poll() is not None or time.monotonic() > deadline:
-                taken = " (another process listens on its port)" if _answers(port) else ""
-                raise SparkServerError(f"the Spark Connect server did not start on port {port}{taken} "
-                                       f"(exit code {jvm.poll()})")
-            time.sleep(0.2)
+        jvm, port = _start_jvm(settings, start_timeout_s)
         state_path.write_text(json.dumps({"pid": os.getpid(), "port": port, "settings": dict(settings),
                                           "checkout": CHECKOUT}))
         print(f"local Spark server: sc://127.0.0.1:{port}", flush=True)
         _wait_until_idle(jvm, port, idle_timeout_s)
     finally:
-        # The state file goes first, under the start lock: a client from now on starts a new server.
-        # One that read the state a moment before fails within seconds (``connect``).
-        with _locked(state_path.with_suffix(".lock")):
-            with contextlib.suppress(OSError):
-                state_path.unlink()
-            for slot in state_path.parent.glob(f"session-{port}-*.lock"):  # its sessions end with it
-                slot.unlink(missing_ok=True)
-            jvm.terminate()
-            try:
-                jvm.wait(60)
-            except subprocess.TimeoutExpired:
-                jvm.kill()
+        if jvm is not None:
+            _stop_jvm(jvm, port, state_path)
+
+
+def _start_jvm(settings: Mapping[str, str], start_timeout_s: float,
+               attempts: int = _PORT_ATTEMPTS) -> tuple[subprocess.Popen, int]:
+    """The server's JVM, listening on a free port of its own. Another process can take the port between its
+    choice and the JVM's bind (the demo's broker, started beside it): then the JVM is stopped and started again
+    on another port, up to ``attempts`` times."""
+    for attempt in range(1, attempts + 1):
+        port = _free_port()
+        conf = {
+            **settings,
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(port),
+            "spark.log.level": "ERROR",
+        }
+        command = [str(_spark_submit()), "--class", CONNECT_SERVER_CLASS]
+        for key, value in conf.items():
+            command += ["--conf", f"{key}={value}"]
+        # Two malloc arenas instead of up to 8 per core: the JVM runs ~250 threads, most of them Spark's
+        # idle pools. Measured together with the survivor sizing of ``spark.EMBEDDED_DEFAULTS``.
+        jvm = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                               env={**os.environ, "MALLOC_ARENA_MAX": "2"})
+        deadline = time.monotonic() + start_timeout_s
+        # The JVM's own listener, not an answer on the port: clients must not reach another process there.
+        while not _listens(jvm, port):
+            taken = _answers(port) and not _listens(jvm, port)
+            if jvm.poll() is not None or taken or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        else:
+            return jvm, port
+        exited = jvm.poll()
+        jvm.kill()
+        jvm.wait()
+        if not taken or attempt == attempts:
+            why = ("another process listens on its port" if taken else
+                   f"within {start_timeout_s:.0f} s" if exited is None else f"exit code {exited}")
+            raise SparkServerError(f"the Spark Connect server did not start on port {port} ({why}; attempt "
+                                   f"{attempt} of {attempts})")
+        print(f"port {port} was taken by another process: starting on another one", flush=True)
+    raise AssertionError("unreachable")
+
+
+def _stop_jvm(jvm: subprocess.Popen, port: int, state_path: Path) -> None:
+    # The state file goes first, under the start lock: a client from now on starts a new server.
+    # One that read the state a moment before fails within seconds (``connect``).
+    with _locked(state_path.with_suffix(".lock")):
+        with contextlib.suppress(OSError):
+            state_path.unlink()
+        for slot in state_path.parent.glob(f"session-{port}-*.lock"):  # its sessions end with it
+            slot.unlink(missing_ok=True)
+        jvm.terminate()
+        try:
+            jvm.wait(60)
+        except subprocess.TimeoutExpired:
+            jvm.kill()
 
 
 def _listens(jvm: subprocess.Popen, port: int) -> bool:

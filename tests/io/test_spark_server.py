@@ -16,9 +16,11 @@ from benchmarks.batch_session import w2_batch, w2_layout
 from cdc_assets.core import decode_change_events
 from cdc_assets.core.apply_modes import apply_mode
 from cdc_assets.core.envelope import value_type
+from cdc_assets.io import spark_server
 from cdc_assets.io.spark import SMALL_BATCH_RECORDS, parsed_from_files, spark_config, spark_records
 from cdc_assets.io.spark_server import (
     SMALL_BATCH_SETTINGS,
+    SparkServerError,
     _listens,
     connect,
     disconnect,
@@ -169,6 +171,44 @@ def test_a_server_counts_as_started_only_when_its_own_process_listens_on_its_por
         for process in (server, other):
             process.kill()
             process.wait()
+
+
+# A stand-in for spark-submit: binds the port of its --conf as the Connect server does, and exits when it cannot.
+FAKE_SUBMIT = """\
+import socket, sys, time
+port = int(next(a.split("=", 1)[1] for a in sys.argv if a.startswith("spark.connect.grpc.binding.port=")))
+server = socket.socket()
+try:
+    server.bind(("127.0.0.1", port))
+except OSError:
+    sys.exit(1)
+server.listen()
+time.sleep(60)
+"""
+
+
+def test_a_server_whose_port_another_process_took_starts_again_on_another_port(tmp_path, monkeypatch):
+    submit = tmp_path / "spark-submit"
+    submit.write_text(f"#!{sys.executable}\n{FAKE_SUBMIT}")
+    submit.chmod(0o755)
+    monkeypatch.setattr(spark_server, "_spark_submit", lambda: submit)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1], spark_server._free_port()])
+        monkeypatch.setattr(spark_server, "_free_port", lambda: next(ports))
+        jvm, port = spark_server._start_jvm({}, start_timeout_s=30)
+        try:
+            assert port != taken.getsockname()[1]
+            assert _listens(jvm, port)
+        finally:
+            jvm.kill()
+            jvm.wait()
+        # Taken on every attempt: the error names the port and why.
+        monkeypatch.setattr(spark_server, "_free_port", lambda: taken.getsockname()[1])
+        with pytest.raises(SparkServerError, match=f"port {taken.getsockname()[1]} .another process listens on "
+                                                   "its port; attempt 2 of 2"):
+            spark_server._start_jvm({}, start_timeout_s=30, attempts=2)
 
 
 def test_status_and_stop_keep_to_this_checkouts_servers_unless_all(tmp_path, monkeypatch, capsys):

@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 from cdc_assets.assets import merge_table
 from cdc_assets.catalog import CapturedTable, TransactionRules
 from cdc_assets.config import BatchLimits
-from cdc_assets.demo.events import envelope, postgres_source
+from cdc_assets.demo.events import postgres_source
 from cdc_assets.io.delta import DeltaRsWriter, DeltaSparkWriter, DeltaTarget
 from cdc_assets.io.kafka import KafkaSource
 from cdc_assets.io.transactions import TransactionLog
@@ -23,7 +23,7 @@ from cdc_assets.merge import merge_concurrently
 from tests.support.key_changes import TOAST_COLUMNS, current_values, pg_change, pk_change
 from tests.support.merges import captured_table, with_merge
 from tests.support.topics import new_topic, produce
-from tests.support.transactions import tx_event
+from tests.support.transactions import tx_create, tx_event
 
 
 def truncate(lsn: int) -> tuple[None, bytes]:
@@ -148,11 +148,8 @@ def test_tables_of_one_layout_fold_in_one_plan_and_end_as_each_alone(spark, brok
 
 
 def in_transaction(tx_id: str, rows: list[tuple[int, int]]) -> list[tuple[bytes, bytes]]:
-    """Creates of s.t in PostgreSQL transaction ``tx_id``, one a (key, LSN), each with its transaction block."""
-    return [(json.dumps({"id": key}).encode(),
-             envelope("c", None, {"id": key, "big": f"tx-{key}", "n": key},
-                      postgres_source(lsn, 1_700_000_000_000 + lsn, "s", "t"), 1_700_000_000_000 + lsn,
-                      {"id": f"{tx_id}:{lsn}", "total_order": order, "data_collection_order": order}))
+    """Creates of s.t in PostgreSQL transaction ``tx_id``, one a (key, LSN)."""
+    return [tx_create("t", {"id": key, "big": f"tx-{key}", "n": key}, lsn, tx_id, order)
             for order, (key, lsn) in enumerate(rows, start=1)]
 
 

@@ -22,14 +22,12 @@ from cdc_assets.io.transactions import (
 )
 from tests.support.merges import read_rows, run_batch, with_merge
 from tests.support.topics import new_topic, new_topic_named, produce
-from tests.support.transactions import transaction_sensor, tx_event
+from tests.support.transactions import transaction_sensor, tx_create, tx_event
 
 
 def change(table, key, value, lsn, tx_id=None, order=1):
-    """A create in PostgreSQL transaction ``tx_id``: its id carries the event's own LSN."""
-    transaction = {"id": f"{tx_id}:{lsn}", "total_order": order, "data_collection_order": order} if tx_id else None
-    source = postgres_source(lsn, 1_700_000_000_000 + lsn, "s", table)
-    return encode_key({"id": key}), envelope("c", None, {"id": key, "v": value}, source, lsn, transaction)
+    """A create of s.``table`` with column ``v`` in PostgreSQL transaction ``tx_id``."""
+    return tx_create(table, {"id": key, "v": value}, lsn, tx_id, order)
 
 
 class Connector:

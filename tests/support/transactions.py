@@ -7,7 +7,7 @@ import json
 
 from cdc_assets.config import parse_config
 from cdc_assets.definitions import build_definitions
-from cdc_assets.demo.events import encode_key
+from cdc_assets.demo.events import encode_key, envelope, postgres_source
 from tests.support.topics import new_topic, new_topic_named
 
 _LSN = itertools.count(53_195_829)
@@ -22,6 +22,15 @@ def tx_event(status, tx_id, collections=None):
         body["event_count"] = sum(collections.values())
         body["data_collections"] = [{"data_collection": c, "event_count": n} for c, n in collections.items()]
     return encode_key({"id": body["id"]}), json.dumps(body).encode()
+
+
+def tx_create(table, row, lsn, tx_id=None, order=1):
+    """A create of PostgreSQL table s.``table`` with ``row`` (its key: ``row["id"]``) at ``lsn``, in transaction
+    ``tx_id`` (None: outside any) as its ``order``-th event: the block's id carries the event's own LSN."""
+    transaction = {"id": f"{tx_id}:{lsn}", "total_order": order, "data_collection_order": order} if tx_id else None
+    ts_ms = 1_700_000_000_000 + lsn
+    return encode_key({"id": row["id"]}), envelope("c", None, row, postgres_source(lsn, ts_ms, "s", table), ts_ms,
+                                                   transaction)
 
 
 def transaction_sensor(broker, tmp_path, partitions):
