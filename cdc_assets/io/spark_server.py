@@ -372,7 +372,7 @@ def _start_jvm(settings: Mapping[str, str], start_timeout_s: float,
         # idle pools. Measured together with the survivor sizing of ``spark.EMBEDDED_DEFAULTS``.
         jvm = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
                                env={**os.environ, "MALLOC_ARENA_MAX": "2"})
-        deadline = time.monotonic() + start_timeout_s
+        deadline, taken = time.monotonic() + start_timeout_s, False
         # The JVM's own listener, not an answer on the port: clients must not reach another process there.
         while not _listens(jvm, port):
             taken = _answers(port) and not _listens(jvm, port)
