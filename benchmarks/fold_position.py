@@ -14,26 +14,14 @@ each, then the variants in turn), and its ratio to the reference.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from benchmarks.measure import server_cpu
-from cdc_assets.io.spark import spark_config
-from cdc_assets.io.spark_server import (
-    SERVER_DIR_ENV_VAR,
-    connect,
-    disconnect,
-    ensure_local_server,
-    running_servers,
-    stop_all,
-)
+from benchmarks.measure import own_spark_server, server_cpu
 
 REFERENCE = "text position"
 
@@ -60,38 +48,31 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="cdc-bench-position-") as work:
-        os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")  # the benchmark's own server
-        try:
-            session = connect(ensure_local_server(spark_config()))
-            pids = [state["pid"] for _, state in running_servers()]
-            events = session.range(args.events).select(
-                (F.col("id") % args.keys).alias("k"), F.col("id").alias("position_long"),
-                F.lpad(F.col("id").cast("string"), 48, "0").alias("position_text"),
-                F.unhex(F.lpad(F.hex(F.col("id")), 32, "0")).alias("position_binary"),
-                F.concat(F.lit("owner-"), (F.col("id") % 977).cast("string")).alias("v"), (F.col("id") * 3).alias("w"))
-            events = events.localCheckpoint()  # made once: the variants differ in the fold alone
-            folds = variants(events)
-            for fold in folds.values():
-                fold().write.format("noop").mode("overwrite").save()  # warm-up
-            timings: dict[str, list[tuple[float, float]]] = {name: [] for name in folds}
-            for _ in range(args.runs):  # the variants in turn: the JIT's warming favours none
-                for name, fold in folds.items():
-                    server, started = server_cpu(pids)["server"], time.perf_counter()
-                    fold().write.format("noop").mode("overwrite").save()
-                    timings[name].append((time.perf_counter() - started, server_cpu(pids)["server"] - server))
-            figures = {name: (statistics.median(t[0] for t in each), statistics.median(t[1] for t in each))
-                       for name, each in timings.items()}
-            print("variant | wall s | server CPU s")
-            for name, (wall, cpu) in figures.items():
-                print(f"{name} | {wall:.2f} | {cpu:.2f}")
-            wall, cpu = figures[REFERENCE]
-            for name, (each_wall, each_cpu) in figures.items():
-                if name != REFERENCE:
-                    print(f"{name} / {REFERENCE}: server CPU {each_cpu / cpu:.2f}x, wall {each_wall / wall:.2f}x")
-            disconnect(session)
-        finally:
-            stop_all()
+    with own_spark_server("cdc-bench-position-") as (session, pids):
+        events = session.range(args.events).select(
+            (F.col("id") % args.keys).alias("k"), F.col("id").alias("position_long"),
+            F.lpad(F.col("id").cast("string"), 48, "0").alias("position_text"),
+            F.unhex(F.lpad(F.hex(F.col("id")), 32, "0")).alias("position_binary"),
+            F.concat(F.lit("owner-"), (F.col("id") % 977).cast("string")).alias("v"), (F.col("id") * 3).alias("w"))
+        events = events.localCheckpoint()  # made once: the variants differ in the fold alone
+        folds = variants(events)
+        for fold in folds.values():
+            fold().write.format("noop").mode("overwrite").save()  # warm-up
+        timings: dict[str, list[tuple[float, float]]] = {name: [] for name in folds}
+        for _ in range(args.runs):  # the variants in turn: the JIT's warming favours none
+            for name, fold in folds.items():
+                server, started = server_cpu(pids)["server"], time.perf_counter()
+                fold().write.format("noop").mode("overwrite").save()
+                timings[name].append((time.perf_counter() - started, server_cpu(pids)["server"] - server))
+        figures = {name: (statistics.median(t[0] for t in each), statistics.median(t[1] for t in each))
+                   for name, each in timings.items()}
+        print("variant | wall s | server CPU s")
+        for name, (wall, cpu) in figures.items():
+            print(f"{name} | {wall:.2f} | {cpu:.2f}")
+        wall, cpu = figures[REFERENCE]
+        for name, (each_wall, each_cpu) in figures.items():
+            if name != REFERENCE:
+                print(f"{name} / {REFERENCE}: server CPU {each_cpu / cpu:.2f}x, wall {each_wall / wall:.2f}x")
 
 
 if __name__ == "__main__":

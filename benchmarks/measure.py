@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 class PeakRss:
@@ -156,3 +160,30 @@ def warm_until_steady(run: Callable[[int], dict], passes: int) -> list[dict]:
         if number > 1 and cpu["server_jit"] <= JIT_SHARE * cpu["server"]:
             break
     return results
+
+
+@contextlib.contextmanager
+def own_spark_server(prefix: str) -> Iterator[tuple[SparkSession, list[int]]]:
+    """A session on a local Spark server of the benchmark's own, on the embedded default's settings (in a
+    temporary server directory: no other run's server is measured or reused), and the server's pids for
+    ``server_cpu``; the server is stopped at the end."""
+    from cdc_assets.io.spark import spark_config
+    from cdc_assets.io.spark_server import (
+        SERVER_DIR_ENV_VAR,
+        connect,
+        disconnect,
+        ensure_local_server,
+        running_servers,
+        stop_all,
+    )
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as work:
+        os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")
+        try:
+            session = connect(ensure_local_server(spark_config()))
+            try:
+                yield session, [state["pid"] for _, state in running_servers()]
+            finally:
+                disconnect(session)
+        finally:
+            stop_all()

@@ -13,30 +13,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import tempfile
 import time
 from functools import partial
-from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
 
-from benchmarks.measure import run_cpu, server_cpu
+from benchmarks.measure import own_spark_server, run_cpu, server_cpu
 from cdc_assets.core.apply_modes import ApplyMode, apply_mode
 from cdc_assets.core.envelope import decode_change_events, value_type
 from cdc_assets.core.layout import ChangeEventLayout, derive_layout
-from cdc_assets.io.spark import spark_config, spark_records
-from cdc_assets.io.spark_server import (
-    SERVER_DIR_ENV_VAR,
-    connect,
-    disconnect,
-    ensure_local_server,
-    running_servers,
-    stop_all,
-)
+from cdc_assets.io.spark import spark_records
 
 
 def batch(events: int, keys: int, updates: str, rng: random.Random) -> pa.Table:
@@ -80,34 +69,27 @@ def main() -> None:
     parser.add_argument("--updates", default="top,nested", help="variants, comma-separated: top, nested")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="cdc-bench-mongodb-") as work:
-        os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")  # the benchmark's own server
-        try:
-            session = connect(ensure_local_server(spark_config()))
-            pids = [state["pid"] for _, state in running_servers()]
-            mode = apply_mode("scd1", "mongodb")
-            print("updates | wall s | server CPU s | client CPU s | keys | bad events")
-            for updates in args.updates.split(","):
-                records = batch(args.events, args.keys, updates, random.Random(7))
-                layout = derive_layout("mongodb", records["key"].to_pylist()[:10], records["value"].to_pylist()[:10])
-                with spark_records(session, records, value_type(layout), exact=False) as frame:
-                    frame = frame.persist()
-                    frame.count()  # handed over once: the runs time the decode and the fold
+    with own_spark_server("cdc-bench-mongodb-") as (session, pids):
+        mode = apply_mode("scd1", "mongodb")
+        print("updates | wall s | server CPU s | client CPU s | keys | bad events")
+        for updates in args.updates.split(","):
+            records = batch(args.events, args.keys, updates, random.Random(7))
+            layout = derive_layout("mongodb", records["key"].to_pylist()[:10], records["value"].to_pylist()[:10])
+            with spark_records(session, records, value_type(layout), exact=False) as frame:
+                frame = frame.persist()
+                frame.count()  # handed over once: the runs time the decode and the fold
 
-                    fold = partial(_fold, mode, frame, layout)
-                    fold()
-                    timings = []
-                    for _ in range(args.runs):
-                        server, client, started = server_cpu(pids)["server"], run_cpu(), time.perf_counter()
-                        rows, bad = fold()
-                        timings.append((time.perf_counter() - started, server_cpu(pids)["server"] - server,
-                                        run_cpu() - client))
-                    wall, server, client = (statistics.median(t[i] for t in timings) for i in range(3))
-                    print(f"{updates:7s} | {wall:6.2f} | {server:12.2f} | {client:12.2f} | {rows} | {bad}", flush=True)
-                    frame.unpersist()
-            disconnect(session)
-        finally:
-            stop_all()
+                fold = partial(_fold, mode, frame, layout)
+                fold()
+                timings = []
+                for _ in range(args.runs):
+                    server, client, started = server_cpu(pids)["server"], run_cpu(), time.perf_counter()
+                    rows, bad = fold()
+                    timings.append((time.perf_counter() - started, server_cpu(pids)["server"] - server,
+                                    run_cpu() - client))
+                wall, server, client = (statistics.median(t[i] for t in timings) for i in range(3))
+                print(f"{updates:7s} | {wall:6.2f} | {server:12.2f} | {client:12.2f} | {rows} | {bad}", flush=True)
+                frame.unpersist()
 
 
 if __name__ == "__main__":
