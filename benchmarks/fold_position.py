@@ -28,18 +28,15 @@ REFERENCE = "text position"
 
 def variants(events: DataFrame) -> dict[str, Callable[[], DataFrame]]:
     """Each way to take a key's latest values from ``events`` (k, the position in each form, v, w)."""
-    values = F.struct("v", "w")
+    def latest_by(position: str) -> Callable[[], DataFrame]:
+        return lambda: events.groupBy("k").agg(F.max_by(F.struct("v", "w"), F.col(position)).alias("latest"))
 
     def joined() -> DataFrame:
         latest = events.groupBy("k").agg(F.max("position_long").alias("position_long"))
         return events.join(latest, ["k", "position_long"]).select("k", "v", "w")
 
-    return {
-        REFERENCE: lambda: events.groupBy("k").agg(F.max_by(values, F.col("position_text")).alias("latest")),
-        "binary position": lambda: events.groupBy("k").agg(F.max_by(values, F.col("position_binary")).alias("latest")),
-        "long position": lambda: events.groupBy("k").agg(F.max_by(values, F.col("position_long")).alias("latest")),
-        "hash max, then join": joined,
-    }
+    return {REFERENCE: latest_by("position_text"), "binary position": latest_by("position_binary"),
+            "long position": latest_by("position_long"), "hash max, then join": joined}
 
 
 def main() -> None:
