@@ -233,6 +233,9 @@ def world(broker: Any, mariadb: MariaDBServer, connect_worker: ConnectWorker, sc
         try:
             for prefix in prefixes.values():
                 connect_worker.wait_running(prefix)
+            # Phase 1 streams to both legs only once both snapshots have fixed their binlog position: a write
+            # between the two would be one leg's snapshot read and the other's change (seen on 2026-12-02).
+            world.wait_for_snapshots("alltypes")
             # Phase 1: streamed changes of every kind, among them primary-key changes; a merge mid-stream.
             sql.execute("UPDATE alltypes SET id = 100000 WHERE id = 3")
             sql.execute("UPDATE alltypes SET c_bigint_u = c_bigint_u - 1, c_text = CONCAT(c_text, '!') WHERE id = 1")

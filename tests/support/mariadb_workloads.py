@@ -148,6 +148,18 @@ class CapturedDatabase:
                     seen[prefix] = max(seen[prefix], json.loads(read(key))["payload"]["id"])
         return min(seen.values())
 
+    def wait_for_snapshots(self, table: str, timeout_s: float = 180) -> None:
+        """Wait until every connector has produced a record of ``table`` (which has rows before the snapshot): a
+        connector fixes its snapshot's binlog position before it reads any row, so what is written after this is
+        streamed to every connector, never read by one connector's snapshot and streamed to another's."""
+        deadline = time.monotonic() + timeout_s
+        for prefix in (self.prefix, *self.more_prefixes):
+            topic = f"{prefix}.{self.database}.{table}"
+            while (message := self.consumer(topic).poll(0.5)) is None or message.error() is not None:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"no record on {topic} in {timeout_s}s: {self.worker.status(prefix)}\n"
+                                         f"{self.worker.log_tail()}")
+
     def wait_for_marker(self, sql: PsycopgLike, timeout_s: float = 180) -> None:
         """Write the next marker row and wait until the connector has produced it (and so all before it); with
         ``snapshot.mode=no_data`` only rows written once it streams come through, so the first wait writes markers
