@@ -177,6 +177,7 @@ def own_spark_server(prefix: str) -> Iterator[tuple[SparkSession, list[int]]]:
         stop_all,
     )
 
+    previous = os.environ.get(SERVER_DIR_ENV_VAR)
     with tempfile.TemporaryDirectory(prefix=prefix) as work:
         os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")
         try:
@@ -187,3 +188,8 @@ def own_spark_server(prefix: str) -> Iterator[tuple[SparkSession, list[int]]]:
                 disconnect(session)
         finally:
             stop_all()
+            # The caller's server directory again, not one just deleted.
+            if previous is None:
+                os.environ.pop(SERVER_DIR_ENV_VAR)
+            else:
+                os.environ[SERVER_DIR_ENV_VAR] = previous
