@@ -48,6 +48,10 @@ if TYPE_CHECKING:  # the supervisor never imports pyspark's Python side (pandas 
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
 SERVER_DIR_ENV_VAR = "CDC_SPARK_SERVER_DIR"
+# How long a new server may take to start, when its caller does not say: a cold JVM that shares a busy machine's
+# cores with other JVMs can take minutes (a benchmark's server of the test suite took over 180 s, 2026-12-02).
+START_TIMEOUT_ENV_VAR = "CDC_SPARK_START_TIMEOUT_S"
+DEFAULT_START_TIMEOUT_S = 180.0
 # The checkout (or site-packages) this cdc_assets runs from: servers of other checkouts share the server dir.
 CHECKOUT = str(Path(__file__).resolve().parents[2])
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -126,9 +130,22 @@ def jvm_environ(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in _CONNECT_CLIENT_ENV}, **extra}
 
 
+def start_timeout() -> float:
+    """How long a new local server may take to start: ``$CDC_SPARK_START_TIMEOUT_S`` seconds, else 180."""
+    value = os.environ.get(START_TIMEOUT_ENV_VAR, "").strip()
+    try:
+        seconds = float(value) if value else DEFAULT_START_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise SparkServerError(f"{START_TIMEOUT_ENV_VAR}={value!r} is not a positive number of seconds")
+    return seconds
+
+
 def ensure_local_server(settings: Mapping[str, str], idle_timeout_s: float = 900.0,
-                        start_timeout_s: float = 180.0) -> str:
-    """The Spark Connect URL of the local server for ``settings``, starting one if none runs."""
+                        start_timeout_s: float | None = None) -> str:
+    """The Spark Connect URL of the local server for ``settings``, starting one if none runs, within
+    ``start_timeout_s`` (default: ``start_timeout()``)."""
     key = fingerprint(settings)
     base = server_dir()
     state_path = base / f"{key}.json"
@@ -138,7 +155,8 @@ def ensure_local_server(settings: Mapping[str, str], idle_timeout_s: float = 900
     with _locked(base / f"{key}.lock"):
         state = _running(state_path)
         if state is None:
-            state = _start(settings, state_path, idle_timeout_s, start_timeout_s)
+            state = _start(settings, state_path, idle_timeout_s,
+                           start_timeout() if start_timeout_s is None else start_timeout_s)
     return f"sc://127.0.0.1:{state['port']}"
 
 
@@ -292,7 +310,7 @@ def _session(url: str) -> SparkSession:
 def _start(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float, start_timeout_s: float) -> dict:
     log_path = state_path.with_suffix(".log")
     command = [sys.executable, "-m", "cdc_assets.io.spark_server", "serve", "--state", str(state_path),
-               "--idle-timeout-s", str(idle_timeout_s)]
+               "--idle-timeout-s", str(idle_timeout_s), "--start-timeout-s", str(start_timeout_s)]
     with log_path.open("w") as log:
         # A session of its own: the server outlives the run that started it (and its signals).
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
@@ -311,7 +329,8 @@ def _start(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float,
                                    f"(log {log_path}):\n{tail}")
         time.sleep(0.2)
     process.kill()
-    raise SparkServerError(f"the local Spark server did not answer within {start_timeout_s:.0f} s (log {log_path})")
+    raise SparkServerError(f"the local Spark server did not answer within {start_timeout_s:.0f} s (log {log_path}; "
+                           f"a busy machine may need longer: {START_TIMEOUT_ENV_VAR})")
 
 
 def _free_port() -> int:
@@ -336,7 +355,8 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
 
 
-def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float, start_timeout_s: float = 180.0) -> None:
+def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float,
+          start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
     """Supervise the server's JVM until no client has been connected for ``idle_timeout_s`` (or the
     supervisor is stopped); the JVM stops with it."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -480,9 +500,10 @@ def main(argv: list[str] | None = None) -> None:
     serve_parser = commands.add_parser("serve", help=argparse.SUPPRESS)
     serve_parser.add_argument("--state", required=True)
     serve_parser.add_argument("--idle-timeout-s", type=float, required=True)
+    serve_parser.add_argument("--start-timeout-s", type=float, default=DEFAULT_START_TIMEOUT_S)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        serve(json.loads(sys.stdin.read()), Path(args.state), args.idle_timeout_s)
+        serve(json.loads(sys.stdin.read()), Path(args.state), args.idle_timeout_s, args.start_timeout_s)
         return
     states = running_servers(this_checkout=not args.all)
     scope = "" if args.all else f" of {CHECKOUT}"

@@ -302,3 +302,14 @@ def test_small_batches_are_folded_on_a_session_without_generated_code_kept_with_
         assert {key: again.conf.get(key) for key in SMALL_BATCH_SETTINGS} == SMALL_BATCH_SETTINGS
     finally:
         disconnect(second)
+
+
+def test_a_new_servers_start_timeout_comes_from_the_environment_and_must_be_a_positive_number(monkeypatch):
+    monkeypatch.delenv(spark_server.START_TIMEOUT_ENV_VAR, raising=False)
+    assert spark_server.start_timeout() == spark_server.DEFAULT_START_TIMEOUT_S
+    monkeypatch.setenv(spark_server.START_TIMEOUT_ENV_VAR, "420")
+    assert spark_server.start_timeout() == 420.0
+    for bad in ("0", "-5", "soon"):
+        monkeypatch.setenv(spark_server.START_TIMEOUT_ENV_VAR, bad)
+        with pytest.raises(SparkServerError, match=f"{spark_server.START_TIMEOUT_ENV_VAR}='{bad}'"):
+            spark_server.start_timeout()

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_benchmark(module: str, *args: str, timeout_s: float = 300) -> str:
+def run_benchmark(module: str, *args: str, timeout_s: float = 600) -> str:
     """What ``python -m benchmarks.<module> <args>`` printed; it must exit 0."""
     run = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], capture_output=True, text=True,
                          cwd=ROOT, timeout=timeout_s)
