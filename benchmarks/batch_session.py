@@ -15,7 +15,6 @@ crossover sets ``cdc_assets.io.spark.SMALL_BATCH_RECORDS``. Both sessions must f
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import tempfile
@@ -28,21 +27,13 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from benchmarks.many_tables import generate
-from benchmarks.measure import server_cpu
+from benchmarks.measure import own_spark_server, server_cpu
 from cdc_assets.core import decode_change_events, derive_layout
 from cdc_assets.core.apply_modes import apply_mode
 from cdc_assets.core.envelope import value_type
 from cdc_assets.core.layout import ChangeEventLayout
-from cdc_assets.io.spark import parsed_from_files, spark_config, without_schemas
-from cdc_assets.io.spark_server import (
-    SERVER_DIR_ENV_VAR,
-    connect,
-    disconnect,
-    ensure_local_server,
-    running_servers,
-    small_batch_session,
-    stop_all,
-)
+from cdc_assets.io.spark import parsed_from_files, without_schemas
+from cdc_assets.io.spark_server import small_batch_session
 
 
 def w2_batch(events: int) -> pa.Table:
@@ -97,42 +88,34 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=20, help="queries a session a round")
     parser.add_argument("--warm", type=int, default=100, help="warm-up queries a session a size")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="cdc-bench-session-") as work:
-        os.environ[SERVER_DIR_ENV_VAR] = str(Path(work) / "spark-servers")  # the benchmark's own server
-        try:
-            run(args, Path(work))
-        finally:
-            stop_all()
+    with (own_spark_server("cdc-bench-session-") as (session, pids),
+          tempfile.TemporaryDirectory(prefix="cdc-bench-session-work-") as work):
+        run(args, session, pids, Path(work))
 
 
-def run(args: argparse.Namespace, work: Path) -> None:
-    session = connect(ensure_local_server(spark_config()))
+def run(args: argparse.Namespace, session: SparkSession, pids: list[int], work: Path) -> None:
     small = small_batch_session(session)
     assert small is not None
-    pids = [state["pid"] for _, state in running_servers()]
     print("events  records | run's session: CPU ms (JIT) / wall ms | small-batch session: CPU ms (JIT) / wall ms "
           "| small / run CPU")
-    try:
-        for size in (int(s) for s in args.sizes.split(",")):
-            batch = w2_batch(size)
-            fold = folder(batch, work)
-            if not fold(session).equals(fold(small)):
-                raise SystemExit(f"the two sessions folded {size} events to different rows")
-            for each in (session, small):
-                for _ in range(args.warm):
-                    fold(each)
-            results: dict[str, list[dict[str, float]]] = {"run": [], "small": []}
-            for _ in range(args.rounds):
-                results["run"].append(measure(fold, session, args.queries, pids))
-                results["small"].append(measure(fold, small, args.queries, pids))
-            median = {name: {key: 1000 * statistics.median(r[key] for r in rounds) for key in ("cpu", "jit", "wall")}
-                      for name, rounds in results.items()}
-            run_, small_ = median["run"], median["small"]
-            print(f"{size:6d} {batch.num_rows:8d} | {run_['cpu']:7.1f} ({run_['jit']:4.1f}) / {run_['wall']:6.1f}"
-                  f"{'':16s}| {small_['cpu']:7.1f} ({small_['jit']:4.1f}) / {small_['wall']:6.1f}{'':22s}"
-                  f"| {small_['cpu'] / run_['cpu']:.2f}", flush=True)
-    finally:
-        disconnect(session)
+    for size in (int(s) for s in args.sizes.split(",")):
+        batch = w2_batch(size)
+        fold = folder(batch, work)
+        if not fold(session).equals(fold(small)):
+            raise SystemExit(f"the two sessions folded {size} events to different rows")
+        for each in (session, small):
+            for _ in range(args.warm):
+                fold(each)
+        results: dict[str, list[dict[str, float]]] = {"run": [], "small": []}
+        for _ in range(args.rounds):
+            results["run"].append(measure(fold, session, args.queries, pids))
+            results["small"].append(measure(fold, small, args.queries, pids))
+        median = {name: {key: 1000 * statistics.median(r[key] for r in rounds) for key in ("cpu", "jit", "wall")}
+                  for name, rounds in results.items()}
+        run_, small_ = median["run"], median["small"]
+        print(f"{size:6d} {batch.num_rows:8d} | {run_['cpu']:7.1f} ({run_['jit']:4.1f}) / {run_['wall']:6.1f}"
+              f"{'':16s}| {small_['cpu']:7.1f} ({small_['jit']:4.1f}) / {small_['wall']:6.1f}{'':22s}"
+              f"| {small_['cpu'] / run_['cpu']:.2f}", flush=True)
 
 
 if __name__ == "__main__":
