@@ -355,8 +355,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux)
 
 
-def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float,
-          start_timeout_s: float = DEFAULT_START_TIMEOUT_S) -> None:
+def serve(settings: Mapping[str, str], state_path: Path, idle_timeout_s: float, start_timeout_s: float) -> None:
     """Supervise the server's JVM until no client has been connected for ``idle_timeout_s`` (or the
     supervisor is stopped); the JVM stops with it."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -500,7 +499,7 @@ def main(argv: list[str] | None = None) -> None:
     serve_parser = commands.add_parser("serve", help=argparse.SUPPRESS)
     serve_parser.add_argument("--state", required=True)
     serve_parser.add_argument("--idle-timeout-s", type=float, required=True)
-    serve_parser.add_argument("--start-timeout-s", type=float, default=DEFAULT_START_TIMEOUT_S)
+    serve_parser.add_argument("--start-timeout-s", type=float, required=True)
     args = parser.parse_args(argv)
     if args.command == "serve":
         serve(json.loads(sys.stdin.read()), Path(args.state), args.idle_timeout_s, args.start_timeout_s)

@@ -1,6 +1,7 @@
 """The local Spark server: shared per settings, replaced when gone, stopped when idle."""
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -316,3 +317,28 @@ def test_a_new_servers_start_timeout_comes_from_the_environment_and_must_be_a_po
         monkeypatch.setenv(spark_server.START_TIMEOUT_ENV_VAR, bad)
         with pytest.raises(SparkServerError, match=f"{spark_server.START_TIMEOUT_ENV_VAR}='{bad}'"):
             spark_server.start_timeout()
+
+
+def test_a_start_timeout_from_the_environment_bounds_the_client_and_the_supervisor(tmp_path, monkeypatch):
+    """No Spark server starts in 2 s: the client gives up then, naming the variable, and the supervisor, told the
+    same timeout, gives up on the JVM and leaves nothing running."""
+    monkeypatch.setenv(spark_server.SERVER_DIR_ENV_VAR, str(tmp_path / "servers"))
+    monkeypatch.setenv(spark_server.START_TIMEOUT_ENV_VAR, "2")
+    settings = {**spark_config(), "spark.app.name": f"start-timeout-{os.getpid()}"}
+    started = time.monotonic()
+    with pytest.raises(SparkServerError, match=f"within 2 s .*{spark_server.START_TIMEOUT_ENV_VAR}"):
+        ensure_local_server(settings)
+    assert time.monotonic() - started < 30
+    # The supervisor alone, as the client starts it: its own check of the JVM gives up after the same 2 s.
+    state = tmp_path / "alone.json"
+    supervisor = subprocess.run(
+        [sys.executable, "-m", "cdc_assets.io.spark_server", "serve", "--state", str(state), "--idle-timeout-s", "60",
+         "--start-timeout-s", "2"], input=json.dumps(settings), capture_output=True, text=True, timeout=120)
+    assert supervisor.returncode != 0
+    assert "within 2 s" in supervisor.stderr and not state.exists()
+    deadline = time.monotonic() + 30
+    while any(settings["spark.app.name"] in " ".join(p.info["cmdline"] or []) for p in
+              psutil.process_iter(["cmdline"])) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(settings["spark.app.name"] in " ".join(p.info["cmdline"] or [])
+                   for p in psutil.process_iter(["cmdline"]))
